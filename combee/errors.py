@@ -1,0 +1,59 @@
+"""One exception root for everything Combee raises on purpose.
+
+Bad *data* (a malformed trace, an unparsable LLM answer) is a value: it is counted, dead-lettered or skipped.
+These exceptions are for conditions a caller must handle or report: a systemic failure (the LLM endpoint is
+gone), a contract violation (a namespace that is not a safe key), or a bad option.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CombeeError",
+    "ConfigError",
+    "InvalidNamespace",
+    "LLMError",
+    "LLMParseError",
+    "LLMRateLimited",
+    "LLMUnavailable",
+    "TraceError",
+]
+
+
+class CombeeError(Exception):
+    """Root of every exception Combee raises deliberately."""
+
+
+class ConfigError(CombeeError):
+    """A setting or option is invalid; the message says which and why."""
+
+
+class InvalidNamespace(CombeeError, ValueError):
+    """A namespace name is not safe to use as a Kafka key and a Redis key component."""
+
+
+class TraceError(CombeeError, ValueError):
+    """A trace record could not be decoded or validated; ``reason`` is a short, loggable explanation."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LLMError(CombeeError):
+    """Base of LLM-layer failures."""
+
+
+class LLMUnavailable(LLMError):
+    """The endpoint could not be reached or kept failing (5xx, timeouts) after the bounded retries."""
+
+
+class LLMRateLimited(LLMError):
+    """The endpoint rate-limited us after the bounded retries; ``retry_after_s`` is its last hint, if any."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class LLMParseError(LLMError, ValueError):
+    """An LLM answer did not parse into the expected structure. Never applied half-parsed."""

@@ -1,0 +1,92 @@
+"""The LLM port: the one seam between the method and any model endpoint.
+
+The core only ever talks to an object satisfying :class:`LLM`. Real implementations live at the edge
+(:mod:`combee.llm_openai` for any OpenAI-compatible endpoint); tests use scripted fakes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "LLM",
+    "ChatMessage",
+    "ChatRequest",
+    "ChatResponse",
+    "Role",
+    "Usage",
+]
+
+
+class Role(enum.StrEnum):
+    """Which part of the method a call serves; each role may use its own model."""
+
+    REFLECTOR = "reflector"
+    CURATOR = "curator"
+    MERGER = "merger"
+    GENERATOR = "generator"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+class ChatRequest(BaseModel):
+    """One chat completion request, fully determined by its fields (the response cache keys on them)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    messages: tuple[ChatMessage, ...]
+    schema_name: str | None = None
+    json_schema: Mapping[str, Any] | None = None
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class ChatResponse(BaseModel):
+    """What came back. ``service_time_s`` is the server-reported service time when the server reports one
+    (the simulator does, in the ``x-combee-service-time`` header); ``simulated`` is true when the server said
+    it is the Combee simulator."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    usage: Usage = Field(default_factory=Usage)
+    model: str = ""
+    service_time_s: float | None = None
+    simulated: bool = False
+    cached: bool = False
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """Anything that can answer a :class:`ChatRequest`.
+
+    Implementations retry transient transport failures themselves (429, 5xx, timeouts, with backoff) and raise
+    :class:`combee.errors.LLMUnavailable` / :class:`combee.errors.LLMRateLimited` only after their bounded attempts.
+    They never parse content: parsing (and retrying on malformed content) is the caller's job.
+    """
+
+    async def complete(self, request: ChatRequest) -> ChatResponse: ...
