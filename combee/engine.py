@@ -1,0 +1,447 @@
+"""The method: one iteration over a window of traces, for Combee and for the two baselines.
+
+Building blocks (also used one by one by the stream workers):
+
+* :func:`reflect` — one reflector call (with parse retries) for one trace against a frozen playbook;
+* :func:`curate` — one curator call turning a group of reflections into a partial delta;
+* :func:`merge` — one merge call selecting among the partial deltas of its children;
+* :func:`run_window` — map → tags → augmented shuffle → grouped curation → merge tree → apply.
+
+Methods: ``combee`` (the plan of :mod:`combee.plan`), ``naive`` (one curator call over every reflection of
+the window) and ``sequential`` (windows of one trace: reflect, curate, apply — ACE as published). All three
+share every call and parser, so comparisons differ only in the reduce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from combee.errors import LLMParseError
+from combee.llm import LLM, ChatRequest, ChatResponse, Role, Usage
+from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
+from combee.plan import ReducePlan, plan_reduce, window_id
+from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, normalise_text
+from combee.prompts import (
+    DEFAULT_PROMPTS,
+    PromptSet,
+    Proposal,
+    curator_request,
+    merger_request,
+    parse_merge,
+    parse_operations,
+    parse_reflection,
+    reflector_request,
+    resolve_merge,
+)
+
+__all__ = [
+    "CallOutcome",
+    "Meter",
+    "Method",
+    "MethodConfig",
+    "RoleStats",
+    "Window",
+    "WindowResult",
+    "curate",
+    "merge",
+    "proposals_of",
+    "reflect",
+    "run_window",
+]
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+class Method(enum.StrEnum):
+    COMBEE = "combee"
+    SEQUENTIAL = "sequential"
+    NAIVE = "naive"
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Knobs of the reduce. Defaults are the paper's (p = 2, k = ⌊√n⌋) plus Combee's tree bounds."""
+
+    method: Method = Method.COMBEE
+    p: int = 2
+    max_group_items: int = 24
+    max_fan_in: int = 12
+    group_factor: float = 1.0
+    parse_attempts: int = 3
+    policy: ApplyPolicy = field(default_factory=ApplyPolicy)
+
+    def __post_init__(self) -> None:
+        if self.p < 1:
+            raise ValueError("p (duplication factor) must be >= 1")
+        if self.parse_attempts < 1:
+            raise ValueError("parse_attempts must be >= 1")
+
+    def plan(self, n: int, seed_key: str) -> ReducePlan:
+        return plan_reduce(
+            n,
+            self.p,
+            seed_key,
+            max_group_items=self.max_group_items,
+            max_fan_in=self.max_fan_in,
+            group_factor=self.group_factor,
+        )
+
+
+@dataclass
+class RoleStats:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: int = 0
+    parse_failures: int = 0
+    max_prompt_tokens: int = 0
+
+
+@dataclass
+class Meter:
+    """Accounting of one run or one iteration: calls and tokens per role, failures, simulated flag.
+
+    Meters add up (:meth:`absorb`), so an iteration's meter folds into the run's.
+    """
+
+    roles: dict[str, RoleStats] = field(default_factory=dict)
+    skipped_traces: int = 0
+    skipped_groups: int = 0
+    merge_fallbacks: int = 0
+    unknown_proposal_ids: int = 0
+    simulated: bool = False
+    real: bool = False  # at least one answer came from a server that did not say it is the simulator
+
+    def record(self, role: Role, response: ChatResponse) -> None:
+        s = self.roles.setdefault(role.value, RoleStats())
+        s.calls += 1
+        s.prompt_tokens += response.usage.prompt_tokens
+        s.completion_tokens += response.usage.completion_tokens
+        s.max_prompt_tokens = max(s.max_prompt_tokens, response.usage.prompt_tokens)
+        s.cached += int(response.cached)
+        if not response.cached:
+            if response.simulated:
+                self.simulated = True
+            else:
+                self.real = True
+
+    def parse_failure(self, role: Role) -> None:
+        self.roles.setdefault(role.value, RoleStats()).parse_failures += 1
+
+    def absorb(self, other: Meter) -> None:
+        for role, s in other.roles.items():
+            mine = self.roles.setdefault(role, RoleStats())
+            mine.calls += s.calls
+            mine.prompt_tokens += s.prompt_tokens
+            mine.completion_tokens += s.completion_tokens
+            mine.cached += s.cached
+            mine.parse_failures += s.parse_failures
+            mine.max_prompt_tokens = max(mine.max_prompt_tokens, s.max_prompt_tokens)
+        self.skipped_traces += other.skipped_traces
+        self.skipped_groups += other.skipped_groups
+        self.merge_fallbacks += other.merge_fallbacks
+        self.unknown_proposal_ids += other.unknown_proposal_ids
+        self.simulated |= other.simulated
+        self.real |= other.real
+
+    @property
+    def calls(self) -> int:
+        return sum(s.calls for s in self.roles.values())
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=sum(s.prompt_tokens for s in self.roles.values()),
+            completion_tokens=sum(s.completion_tokens for s in self.roles.values()),
+        )
+
+
+@dataclass(frozen=True)
+class CallOutcome(Generic[V]):
+    """A parsed value (None when every attempt failed to parse) and the time the calls took.
+
+    ``service_s`` sums the server-reported service times of the attempts (client-side latency where the
+    server reports none): the call's contribution to a critical path.
+    """
+
+    value: V | None
+    service_s: float
+    attempts: int
+
+
+async def _call_parsed(
+    llm: LLM,
+    role: Role,
+    make_request: Callable[[int], ChatRequest],
+    parse: Callable[[str], T],
+    attempts: int,
+    meter: Meter,
+    clock: Callable[[], float],
+) -> CallOutcome[T]:
+    service = 0.0
+    for attempt in range(attempts):
+        started = clock()
+        response = await llm.complete(make_request(attempt))
+        elapsed = clock() - started
+        meter.record(role, response)
+        service += response.service_time_s if response.service_time_s is not None else elapsed
+        try:
+            return CallOutcome(parse(response.text), service, attempt + 1)
+        except LLMParseError:
+            meter.parse_failure(role)
+    return CallOutcome(None, service, attempts)
+
+
+async def reflect(
+    trace: Trace,
+    playbook: Playbook,
+    llm: LLM,
+    *,
+    meter: Meter,
+    prompts: PromptSet = DEFAULT_PROMPTS,
+    attempts: int = 3,
+    clock: Callable[[], float] = time.monotonic,
+) -> CallOutcome[Reflection]:
+    """Reflect on one trace against ``playbook`` (frozen). A trace whose answers never parse yields None."""
+    outcome = await _call_parsed(
+        llm,
+        Role.REFLECTOR,
+        lambda a: reflector_request(trace, playbook, prompts, attempt=a),
+        lambda text: parse_reflection(text, trace.trace_id, playbook.version),
+        attempts,
+        meter,
+        clock,
+    )
+    if outcome.value is None:
+        meter.skipped_traces += 1
+    return outcome
+
+
+async def curate(
+    reflections: Sequence[Reflection],
+    playbook: Playbook,
+    llm: LLM,
+    *,
+    meter: Meter,
+    prompts: PromptSet = DEFAULT_PROMPTS,
+    attempts: int = 3,
+    clock: Callable[[], float] = time.monotonic,
+) -> CallOutcome[tuple[DeltaOp, ...]]:
+    """One curator call over a group; a group whose answers never parse is skipped (value None), counted."""
+    if not reflections:
+        return CallOutcome((), 0.0, 0)
+    outcome = await _call_parsed(
+        llm,
+        Role.CURATOR,
+        lambda a: curator_request(reflections, playbook, prompts, attempt=a),
+        parse_operations,
+        attempts,
+        meter,
+        clock,
+    )
+    if outcome.value is None:
+        meter.skipped_groups += 1
+    return outcome
+
+
+def proposals_of(partials: Sequence[Sequence[DeltaOp]]) -> list[Proposal]:
+    """Number the children's operations ``p1..pN`` in child order (inputs sorted, so the prompt is stable)."""
+    ops = [op for partial in partials for op in partial]
+    return [Proposal(id=f"p{i + 1}", op=op) for i, op in enumerate(ops)]
+
+
+def _passthrough(partials: Sequence[Sequence[DeltaOp]]) -> tuple[DeltaOp, ...]:
+    seen: set[tuple[str, str, str]] = set()
+    out: list[DeltaOp] = []
+    for partial in partials:
+        for op in partial:
+            key = (op.op, getattr(op, "bullet_id", ""), normalise_text(getattr(op, "content", "")))
+            if key not in seen:
+                seen.add(key)
+                out.append(op)
+    return tuple(out)
+
+
+async def merge(
+    partials: Sequence[Sequence[DeltaOp]],
+    playbook: Playbook,
+    llm: LLM,
+    *,
+    meter: Meter,
+    prompts: PromptSet = DEFAULT_PROMPTS,
+    attempts: int = 3,
+    clock: Callable[[], float] = time.monotonic,
+) -> CallOutcome[tuple[DeltaOp, ...]]:
+    """One merge call selecting among the children's operations.
+
+    With no proposals there is nothing to call. If every answer fails to parse, the children's operations
+    pass through unmerged (exact duplicates dropped) and ``meter.merge_fallbacks`` counts it: every passed
+    operation is a fully parsed curator proposal, so nothing half-parsed is applied, and a bad merge answer
+    does not throw away the whole subtree.
+    """
+    proposals = proposals_of(partials)
+    if not proposals:
+        return CallOutcome((), 0.0, 0)
+    outcome = await _call_parsed(
+        llm,
+        Role.MERGER,
+        lambda a: merger_request(proposals, playbook, prompts, attempt=a),
+        parse_merge,
+        attempts,
+        meter,
+        clock,
+    )
+    if outcome.value is None:
+        meter.merge_fallbacks += 1
+        return CallOutcome(_passthrough(partials), outcome.service_s, outcome.attempts)
+    ops, unknown = resolve_merge(proposals, outcome.value)
+    meter.unknown_proposal_ids += unknown
+    return CallOutcome(ops, outcome.service_s, outcome.attempts)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A batch of traces of one namespace, identified by where its offsets come from.
+
+    ``seed_key`` seeds the shuffle; it defaults to the window id, and a replay into another namespace keeps
+    the original's so that it makes the same plan.
+    """
+
+    namespace: str
+    source: str
+    first_offset: int
+    last_offset: int
+    traces: tuple[Trace, ...]
+    seed_key: str | None = None
+
+    @property
+    def id(self) -> str:
+        return window_id(self.namespace, self.source, self.first_offset, self.last_offset)
+
+    @property
+    def seed(self) -> str:
+        return self.seed_key or self.id
+
+
+@dataclass
+class WindowResult:
+    """One iteration: the delta, the playbook after it, and what it cost."""
+
+    window_id: str
+    delta: Delta
+    playbook: Playbook
+    apply_stats: ApplyStats
+    meter: Meter
+    plan: ReducePlan | None
+    wall_s: float
+    critical_path_s: float
+    reflections: int
+
+
+async def _gather(aws: Sequence[Awaitable[V]]) -> list[V]:
+    return list(await asyncio.gather(*aws))
+
+
+async def run_window(
+    window: Window,
+    playbook: Playbook,
+    llm: LLM,
+    config: MethodConfig,
+    *,
+    prompts: PromptSet = DEFAULT_PROMPTS,
+    clock: Callable[[], float] = time.monotonic,
+) -> WindowResult:
+    """Run one iteration of ``config.method`` on ``window`` against ``playbook`` (frozen for the iteration).
+
+    Raises the LLM layer's :class:`combee.errors.LLMUnavailable` / ``LLMRateLimited`` if the endpoint stays
+    down past its retries; bad answers never raise (they are retried, then skipped and counted in the meter).
+    """
+    started = clock()
+    meter = Meter()
+    attempts = config.parse_attempts
+    kw = {"meter": meter, "prompts": prompts, "attempts": attempts, "clock": clock}
+
+    reflected = await _gather([reflect(t, playbook, llm, **kw) for t in window.traces])  # type: ignore[arg-type]
+    map_s = max((o.service_s for o in reflected), default=0.0)
+    reflections = [o.value for o in reflected if o.value is not None]
+    tags = count_tags(reflections)
+
+    plan: ReducePlan | None = None
+    if not reflections:
+        ops: tuple[DeltaOp, ...] = ()
+        reduce_s = 0.0
+    elif config.method is Method.COMBEE:
+        plan = config.plan(len(reflections), window.seed)
+        ops, reduce_s = await _reduce(plan, reflections, playbook, llm, kw)
+    else:  # sequential (a window of one) and naive: one curator call over every reflection
+        outcome = await curate(reflections, playbook, llm, **kw)  # type: ignore[arg-type]
+        ops, reduce_s = outcome.value or (), outcome.service_s
+
+    delta = Delta(
+        namespace=window.namespace,
+        window_id=window.id,
+        base_version=playbook.version,
+        ops=ops,
+        tag_counts=tags,
+        trace_count=len(window.traces),
+    )
+    new_playbook, stats = apply_delta(playbook, delta, config.policy)
+    return WindowResult(
+        window_id=window.id,
+        delta=delta,
+        playbook=new_playbook,
+        apply_stats=stats,
+        meter=meter,
+        plan=plan,
+        wall_s=clock() - started,
+        critical_path_s=map_s + reduce_s,
+        reflections=len(reflections),
+    )
+
+
+async def _reduce(
+    plan: ReducePlan,
+    reflections: Sequence[Reflection],
+    playbook: Playbook,
+    llm: LLM,
+    kw: dict[str, object],
+) -> tuple[tuple[DeltaOp, ...], float]:
+    """Execute a reduce plan as a dataflow: each merge starts as soon as its own children are done.
+
+    Returns the root's operations and the critical path of the reduce (longest chain of service times).
+    """
+
+    async def leaf(g: int) -> tuple[tuple[DeltaOp, ...], float]:
+        group = [reflections[i] for i in plan.groups.groups[g]]
+        outcome = await curate(group, playbook, llm, **kw)  # type: ignore[arg-type]
+        return outcome.value or (), outcome.service_s
+
+    tasks: dict[tuple[int, int], asyncio.Task[tuple[tuple[DeltaOp, ...], float]]] = {
+        (1, g): asyncio.ensure_future(leaf(g)) for g in range(plan.groups.k)
+    }
+
+    def node_task(level: int, children: tuple[int, ...]) -> asyncio.Task[tuple[tuple[DeltaOp, ...], float]]:
+        child_tasks = [tasks[(level - 1, c)] for c in children]
+
+        async def run() -> tuple[tuple[DeltaOp, ...], float]:
+            done = await asyncio.gather(*child_tasks)
+            outcome = await merge([ops for ops, _ in done], playbook, llm, **kw)  # type: ignore[arg-type]
+            return outcome.value or (), max(s for _, s in done) + outcome.service_s
+
+        return asyncio.ensure_future(run())
+
+    for level_nodes in plan.tree.levels:
+        for node in level_nodes:
+            tasks[(node.level, node.index)] = node_task(node.level, node.children)
+    try:
+        return await tasks[plan.tree.root]
+    finally:
+        for t in tasks.values():
+            if not t.done():
+                t.cancel()

@@ -1,0 +1,353 @@
+"""Domain models of the method: traces, reflections, bullets, playbooks and deltas.
+
+All models are frozen pydantic models with hard size limits on every free-text field, enforced at validation,
+so nothing oversized or malformed gets past the edge. These are *domain* models; the wire envelopes that carry
+them through Kafka live in :mod:`streams.envelopes` and wrap these.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import unicodedata
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from combee.errors import InvalidNamespace
+
+__all__ = [
+    "LIMITS",
+    "AddOp",
+    "Bullet",
+    "BulletTag",
+    "Delta",
+    "DeltaOp",
+    "Feedback",
+    "Insight",
+    "Limits",
+    "Playbook",
+    "Reflection",
+    "RemoveOp",
+    "Step",
+    "Tag",
+    "Trace",
+    "UpdateOp",
+    "normalise_section",
+    "validate_namespace",
+]
+
+
+class Limits:
+    """Size limits. Generous for real agent traces, small enough that one record cannot hurt a worker."""
+
+    namespace_chars = 64
+    trace_id_chars = 128
+    task_chars = 8_000
+    step_chars = 4_000
+    max_steps = 200
+    output_chars = 8_000
+    feedback_chars = 4_000
+    ground_truth_chars = 2_000
+    metadata_items = 32
+    metadata_key_chars = 64
+    metadata_value_chars = 512
+    bullet_ids_used = 512
+    trace_bytes = 256 * 1024  # a whole encoded trace record
+    section_chars = 48
+    bullet_chars = 600
+    diagnosis_chars = 2_000
+    insights_per_reflection = 8
+    tags_per_reflection = 256
+    ops_per_llm_answer = 48  # what one curator/merge call may propose; more is rejected as malformed
+    ops_per_delta = 20_000  # a merged window delta (bounded by the window size)
+    sections = 24  # distinct sections a playbook may hold; more fold into "general"
+
+
+LIMITS = Limits()
+
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_SECTION_RE = re.compile(r"[^a-z0-9]+")
+_BULLET_ID_RE = re.compile(r"^b\d{5,9}$")
+GENERAL_SECTION = "general"
+
+
+def validate_namespace(name: str) -> str:
+    """Return ``name`` if it is safe as a Kafka key and a Redis key component, else raise InvalidNamespace.
+
+    Allowed: 1–64 characters of ASCII letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit.
+    Colons, spaces, slashes, braces and wildcards are refused because they have meaning in Redis keys/patterns.
+    """
+    if not isinstance(name, str) or not _NAMESPACE_RE.fullmatch(name):
+        shown = name if isinstance(name, str) and len(name) <= 80 else f"{str(name)[:80]}…"
+        raise InvalidNamespace(
+            f"invalid namespace {shown!r}: use 1-64 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def normalise_section(section: str) -> str:
+    """Canonical section slug: lowercase ASCII words joined by ``_``, at most 48 characters; empty -> general."""
+    folded = unicodedata.normalize("NFKD", section).encode("ascii", "ignore").decode("ascii").lower()
+    slug = _SECTION_RE.sub("_", folded).strip("_")[: LIMITS.section_chars].strip("_")
+    return slug or GENERAL_SECTION
+
+
+def _no_control_chars(text: str) -> str:
+    # Newlines and tabs are fine in free text; other control characters are dropped, not rejected, so a trace
+    # copied from a terminal still validates. They would otherwise end up in prompts and in Redis.
+    if any(ord(c) < 32 and c not in "\n\t\r" for c in text) or "\x7f" in text:
+        return "".join(c for c in text if (ord(c) >= 32 and c != "\x7f") or c in "\n\t\r")
+    return text
+
+
+Namespace = Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.namespace_chars)]
+BulletId = Annotated[str, StringConstraints(pattern=r"^b\d{5,9}$")]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
+
+
+class Step(_Frozen):
+    """One step of an agent's trajectory (a thought, an action, a tool result, ...)."""
+
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=32)] = "step"
+    content: Annotated[str, StringConstraints(max_length=LIMITS.step_chars)]
+
+    @field_validator("content")
+    @classmethod
+    def _clean(cls, v: str) -> str:
+        return _no_control_chars(v)
+
+
+class Feedback(_Frozen):
+    """How the run went: any of a score, a success flag, the ground truth and a free-text message."""
+
+    score: float | None = Field(default=None, allow_inf_nan=False)
+    success: bool | None = None
+    ground_truth: Annotated[str, StringConstraints(max_length=LIMITS.ground_truth_chars)] | None = None
+    message: Annotated[str, StringConstraints(max_length=LIMITS.feedback_chars)] | None = None
+
+
+MetadataValue = (
+    Annotated[str, StringConstraints(max_length=LIMITS.metadata_value_chars)]
+    | int
+    | Annotated[float, Field(allow_inf_nan=False)]
+    | bool
+    | None
+)
+
+
+class Trace(_Frozen):
+    """One agent run, published by the fleet: the unit Combee learns from.
+
+    ``namespace`` names the playbook the trace teaches (namespaces never mix). ``playbook_version`` and
+    ``bullet_ids`` say which prompt the agent ran with and which bullets it used, so reflections can tag them.
+    ``trajectory`` is accepted as a single-string alternative to ``steps`` on input.
+    """
+
+    schema_version: Literal[1] = 1
+    trace_id: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars)]
+    namespace: Namespace
+    task: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.task_chars)]
+    steps: tuple[Step, ...] = Field(default=(), max_length=LIMITS.max_steps)
+    output: Annotated[str, StringConstraints(max_length=LIMITS.output_chars)] = ""
+    feedback: Feedback = Field(default_factory=Feedback)
+    playbook_version: int | None = Field(default=None, ge=0)
+    bullet_ids: tuple[BulletId, ...] = Field(default=(), max_length=LIMITS.bullet_ids_used)
+    metadata: dict[Annotated[str, StringConstraints(max_length=LIMITS.metadata_key_chars)], MetadataValue] = Field(
+        default_factory=dict, max_length=LIMITS.metadata_items
+    )
+    created_at: datetime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_trajectory(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "trajectory" in data:
+            data = dict(data)
+            trajectory = data.pop("trajectory")
+            if data.get("steps"):
+                raise ValueError("give either 'steps' or 'trajectory', not both")
+            if isinstance(trajectory, str):
+                data["steps"] = [{"kind": "trajectory", "content": trajectory}]
+            elif isinstance(trajectory, list):
+                data["steps"] = trajectory
+            else:
+                raise ValueError("'trajectory' must be a string or a list of steps")
+        return data
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_safe(cls, v: str) -> str:
+        try:
+            return validate_namespace(v)
+        except InvalidNamespace as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("task", "output")
+    @classmethod
+    def _clean_text(cls, v: str) -> str:
+        return _no_control_chars(v)
+
+
+class Tag(enum.StrEnum):
+    HELPFUL = "helpful"
+    HARMFUL = "harmful"
+    NEUTRAL = "neutral"
+
+
+class BulletTag(_Frozen):
+    bullet_id: BulletId
+    tag: Tag
+
+
+class Insight(_Frozen):
+    """A candidate lesson proposed by the reflector: where it belongs and what it says."""
+
+    section: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.section_chars)]
+    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
+
+    @field_validator("section", mode="before")
+    @classmethod
+    def _section(cls, v: Any) -> Any:
+        return normalise_section(v) if isinstance(v, str) else v
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v: str) -> str:
+        v = _no_control_chars(v).strip()
+        if not v:
+            raise ValueError("insight content is empty")
+        return v
+
+
+class Reflection(_Frozen):
+    """The reflector's reading of one trace, computed against playbook version ``base_version``."""
+
+    trace_id: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars)]
+    base_version: int = Field(ge=0)
+    diagnosis: Annotated[str, StringConstraints(max_length=LIMITS.diagnosis_chars)] = ""
+    insights: tuple[Insight, ...] = Field(default=(), max_length=LIMITS.insights_per_reflection)
+    tags: tuple[BulletTag, ...] = Field(default=(), max_length=LIMITS.tags_per_reflection)
+
+
+class Provenance(_Frozen):
+    """Where a bullet came from: the window whose delta created or last changed it, and at which version."""
+
+    window_id: Annotated[str, StringConstraints(max_length=256)]
+    version: int = Field(ge=0)
+
+
+class Bullet(_Frozen):
+    """One playbook entry. ``helpful``/``harmful`` count reflection tags over the bullet's lifetime."""
+
+    id: BulletId
+    section: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.section_chars)]
+    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
+    helpful: int = Field(default=0, ge=0)
+    harmful: int = Field(default=0, ge=0)
+    created: Provenance
+    updated: Provenance
+
+    @property
+    def score(self) -> int:
+        """helpful − harmful: the eviction order under a token budget (lowest goes first)."""
+        return self.helpful - self.harmful
+
+
+class AddOp(_Frozen):
+    op: Literal["ADD"] = "ADD"
+    section: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.section_chars)]
+    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
+
+    @field_validator("section", mode="before")
+    @classmethod
+    def _section(cls, v: Any) -> Any:
+        return normalise_section(v) if isinstance(v, str) else v
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v: str) -> str:
+        v = _no_control_chars(v).strip()
+        if not v:
+            raise ValueError("ADD content is empty")
+        return v
+
+
+class UpdateOp(_Frozen):
+    op: Literal["UPDATE"] = "UPDATE"
+    bullet_id: BulletId
+    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v: str) -> str:
+        v = _no_control_chars(v).strip()
+        if not v:
+            raise ValueError("UPDATE content is empty")
+        return v
+
+
+class RemoveOp(_Frozen):
+    op: Literal["REMOVE"] = "REMOVE"
+    bullet_id: BulletId
+
+
+DeltaOp = Annotated[AddOp | UpdateOp | RemoveOp, Field(discriminator="op")]
+
+
+class Delta(_Frozen):
+    """Operations against playbook version ``base_version``, produced for window ``window_id``.
+
+    Bullet tags are not operations: they are counted separately (:func:`combee.playbook.count_tags`) and
+    carried in ``tag_counts`` as ``{bullet_id: (helpful, harmful)}`` increments.
+    """
+
+    namespace: Namespace
+    window_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    base_version: int = Field(ge=0)
+    ops: tuple[DeltaOp, ...] = Field(default=(), max_length=LIMITS.ops_per_delta)
+    tag_counts: dict[BulletId, tuple[int, int]] = Field(default_factory=dict)
+    trace_count: int = Field(default=0, ge=0)
+
+
+class Playbook(_Frozen):
+    """The learned system prompt of one namespace, as structured bullets.
+
+    ``version`` increases by one per applied delta. ``next_id`` is the counter fresh bullet ids come from, so
+    ids are never reused, even after removals.
+    """
+
+    namespace: Namespace
+    version: int = Field(default=0, ge=0)
+    bullets: tuple[Bullet, ...] = ()
+    next_id: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Playbook:
+        ids = [b.id for b in self.bullets]
+        if len(ids) != len(set(ids)):
+            raise ValueError("playbook bullet ids must be unique")
+        return self
+
+    def bullet(self, bullet_id: str) -> Bullet | None:
+        for b in self.bullets:
+            if b.id == bullet_id:
+                return b
+        return None
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """Sections in order of first appearance."""
+        seen: dict[str, None] = {}
+        for b in self.bullets:
+            seen.setdefault(b.section, None)
+        return tuple(seen)
+
+
+def is_bullet_id(value: str) -> bool:
+    return bool(_BULLET_ID_RE.fullmatch(value))

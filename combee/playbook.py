@@ -1,0 +1,362 @@
+"""Playbook algebra: deterministic tag counting, delta application, de-duplication, token budget, rendering.
+
+Laws (tested with hypothesis in ``tests/unit/test_playbook_laws.py``):
+
+* ``count_tags`` is independent of the order of reflections (it is a sum).
+* ``apply_delta`` with an empty delta and no tags only bumps the version.
+* ``apply_window`` of a window already applied returns the state unchanged (exactly-once effect).
+* the same state and the same delta always give the same result (fresh ids come from a counter, never reused).
+* after ``apply_delta`` no two bullets share a de-duplication key and the rendering fits the token budget.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from combee.models import (
+    GENERAL_SECTION,
+    LIMITS,
+    AddOp,
+    Bullet,
+    Delta,
+    Playbook,
+    Provenance,
+    Reflection,
+    RemoveOp,
+    Tag,
+    UpdateOp,
+)
+from combee.tokens import estimate_tokens
+
+__all__ = [
+    "ApplyPolicy",
+    "ApplyStats",
+    "Deduplicator",
+    "NormalisedText",
+    "PlaybookState",
+    "TokenJaccard",
+    "apply_delta",
+    "apply_window",
+    "count_tags",
+    "normalise_text",
+    "playbook_tokens",
+    "render_prompt",
+]
+
+_PUNCT_RE = re.compile(r"[^\w\s]+")
+_SPACE_RE = re.compile(r"\s+")
+
+
+def normalise_text(text: str) -> str:
+    """Case-, accent-, punctuation- and whitespace-insensitive form of a bullet's content."""
+    folded = unicodedata.normalize("NFKD", text)
+    folded = "".join(c for c in folded if not unicodedata.combining(c)).casefold()
+    return _SPACE_RE.sub(" ", _PUNCT_RE.sub(" ", folded)).strip()
+
+
+class Deduplicator(Protocol):
+    """Decides which bullets say the same thing. Must be deterministic and symmetric."""
+
+    def duplicates(self, bullets: Sequence[Bullet], fresh: set[str]) -> dict[str, str]:
+        """Map each redundant bullet id to the id of the bullet it duplicates (an older, kept one).
+
+        ``fresh`` holds the ids added or changed by the delta being applied: only pairs involving at least one
+        fresh bullet need checking, since older bullets were de-duplicated when they were applied.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class NormalisedText:
+    """Two bullets are duplicates when their normalised texts are equal (section ignored)."""
+
+    def duplicates(self, bullets: Sequence[Bullet], fresh: set[str]) -> dict[str, str]:
+        first: dict[str, str] = {}
+        dropped: dict[str, str] = {}
+        for b in bullets:  # bullets are in id order, so the oldest of a group is kept
+            key = normalise_text(b.content)
+            if key in first:
+                dropped[b.id] = first[key]
+            else:
+                first[key] = b.id
+        return dropped
+
+
+@dataclass(frozen=True)
+class TokenJaccard:
+    """Duplicates when the Jaccard similarity of word sets is at least ``threshold`` (default 0.85)."""
+
+    threshold: float = 0.85
+
+    def duplicates(self, bullets: Sequence[Bullet], fresh: set[str]) -> dict[str, str]:
+        words = {b.id: frozenset(normalise_text(b.content).split()) for b in bullets}
+        dropped: dict[str, str] = {}
+        kept: list[Bullet] = []
+        for b in bullets:
+            match = None
+            if b.id in fresh:
+                candidates: Iterable[Bullet] = kept
+            else:
+                candidates = (k for k in kept if k.id in fresh)
+            for k in candidates:
+                a, c = words[b.id], words[k.id]
+                union = len(a | c)
+                if union and len(a & c) / union >= self.threshold:
+                    match = k.id
+                    break
+            if match is None:
+                kept.append(b)
+            else:
+                dropped[b.id] = match
+        return dropped
+
+
+@dataclass(frozen=True)
+class ApplyPolicy:
+    """How a delta is applied: de-duplication rule and the prompt's hard size budget (tokens, bullets)."""
+
+    token_budget: int = 24_000
+    max_bullets: int = 5_000
+    dedup: Deduplicator = field(default_factory=NormalisedText)
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 64 or self.max_bullets < 1:
+            raise ValueError("token_budget must be >= 64 and max_bullets >= 1")
+
+
+@dataclass
+class ApplyStats:
+    """What an application did; counted, never raised."""
+
+    added: int = 0
+    updated: int = 0
+    removed: int = 0
+    missing_update: int = 0
+    missing_remove: int = 0
+    deduplicated: int = 0
+    evicted: int = 0
+    tags_applied: int = 0
+    tags_missing: int = 0
+    sections_folded: int = 0
+
+    def merge(self, other: ApplyStats) -> ApplyStats:
+        return ApplyStats(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
+
+
+def count_tags(reflections: Iterable[Reflection]) -> dict[str, tuple[int, int]]:
+    """Sum helpful/harmful tags per bullet id over reflections (a reflection counts a bullet at most once).
+
+    Neutral tags count nothing. The result is independent of the order of ``reflections``.
+    """
+    helpful: Counter[str] = Counter()
+    harmful: Counter[str] = Counter()
+    for r in reflections:
+        seen: dict[str, Tag] = {}
+        for t in r.tags:
+            # One verdict per bullet per reflection; a contradiction within one reflection resolves to harmful,
+            # the conservative reading, independent of the order the tags were listed in.
+            prev = seen.get(t.bullet_id)
+            if prev is None or t.tag == Tag.HARMFUL or (prev == Tag.NEUTRAL and t.tag == Tag.HELPFUL):
+                seen[t.bullet_id] = t.tag
+        for bullet_id, tag in seen.items():
+            if tag == Tag.HELPFUL:
+                helpful[bullet_id] += 1
+            elif tag == Tag.HARMFUL:
+                harmful[bullet_id] += 1
+    return {bid: (helpful[bid], harmful[bid]) for bid in sorted(set(helpful) | set(harmful))}
+
+
+def _bullet_id(n: int) -> str:
+    return f"b{n:05d}"
+
+
+def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = None) -> tuple[Playbook, ApplyStats]:
+    """Apply ``delta`` to ``playbook`` deterministically and return version ``playbook.version + 1``.
+
+    Order: tag counts, then the operations in the order given, then de-duplication, then the budget.
+    An UPDATE or REMOVE naming a bullet that does not exist (removed meanwhile, or never there) is a counted
+    no-op, not an error. ADD gets a fresh id from ``playbook.next_id``. Counters of duplicates are summed into
+    the kept bullet. When the rendering exceeds ``policy.token_budget`` (or ``max_bullets``), bullets are evicted
+    worst first: lowest helpful−harmful, then the least recently updated, then the highest id.
+    """
+    policy = policy or ApplyPolicy()
+    stats = ApplyStats()
+    version = playbook.version + 1
+    prov = Provenance(window_id=delta.window_id, version=version)
+    bullets: dict[str, Bullet] = {b.id: b for b in playbook.bullets}
+    next_id = playbook.next_id
+    fresh: set[str] = set()
+    sections = {b.section for b in playbook.bullets}
+
+    for bullet_id, (helpful, harmful) in sorted(delta.tag_counts.items()):
+        b = bullets.get(bullet_id)
+        if b is None:
+            stats.tags_missing += 1
+            continue
+        bullets[bullet_id] = b.model_copy(update={"helpful": b.helpful + helpful, "harmful": b.harmful + harmful})
+        stats.tags_applied += 1
+
+    for op in delta.ops:
+        if isinstance(op, AddOp):
+            bid = _bullet_id(next_id)
+            next_id += 1
+            section = op.section
+            if section not in sections:
+                if len(sections) >= LIMITS.sections:
+                    section = GENERAL_SECTION
+                    stats.sections_folded += 1
+                sections.add(section)
+            bullets[bid] = Bullet(id=bid, section=section, content=op.content, created=prov, updated=prov)
+            fresh.add(bid)
+            stats.added += 1
+        elif isinstance(op, UpdateOp):
+            b = bullets.get(op.bullet_id)
+            if b is None:
+                stats.missing_update += 1
+                continue
+            bullets[op.bullet_id] = b.model_copy(update={"content": op.content, "updated": prov})
+            fresh.add(op.bullet_id)
+            stats.updated += 1
+        elif isinstance(op, RemoveOp):
+            if bullets.pop(op.bullet_id, None) is None:
+                stats.missing_remove += 1
+            else:
+                fresh.discard(op.bullet_id)
+                stats.removed += 1
+
+    ordered = sorted(bullets.values(), key=lambda b: _id_number(b.id))
+    if fresh:
+        dropped = policy.dedup.duplicates(ordered, fresh)
+        if dropped:
+            merged = {b.id: b for b in ordered}
+            for dup_id, keep_id in sorted(dropped.items()):
+                dup, keep = merged[dup_id], merged[keep_id]
+                merged[keep_id] = keep.model_copy(
+                    update={"helpful": keep.helpful + dup.helpful, "harmful": keep.harmful + dup.harmful}
+                )
+            ordered = [merged[b.id] for b in ordered if b.id not in dropped]
+            stats.deduplicated += len(dropped)
+
+    ordered, evicted = _within_budget(playbook.namespace, version, ordered, policy)
+    stats.evicted += evicted
+    return (
+        Playbook(namespace=playbook.namespace, version=version, bullets=tuple(ordered), next_id=next_id),
+        stats,
+    )
+
+
+def _id_number(bullet_id: str) -> int:
+    return int(bullet_id[1:])
+
+
+def _within_budget(
+    namespace: str, version: int, bullets: list[Bullet], policy: ApplyPolicy
+) -> tuple[list[Bullet], int]:
+    def cost(b: Bullet) -> int:
+        return estimate_tokens(_render_bullet(b)) + 1
+
+    total = estimate_tokens(_header(namespace, version)) + sum(cost(b) for b in bullets)
+    total += sum(estimate_tokens(_section_heading(s)) for s in {b.section for b in bullets})
+    if total <= policy.token_budget and len(bullets) <= policy.max_bullets:
+        return bullets, 0
+    worst_first = sorted(bullets, key=lambda b: (b.score, b.updated.version, -_id_number(b.id)))
+    evict: set[str] = set()
+    count = len(bullets)
+    for b in worst_first:
+        if total <= policy.token_budget and count <= policy.max_bullets:
+            break
+        evict.add(b.id)
+        total -= cost(b)
+        count -= 1
+    return [b for b in bullets if b.id not in evict], len(evict)
+
+
+@dataclass(frozen=True)
+class PlaybookState:
+    """A playbook plus the ids of the windows already applied to it (the exactly-once ledger).
+
+    ``applied`` keeps the most recent ``ledger_size`` window ids in application order; windows also carry
+    increasing sequence numbers per source, so older duplicates are caught by ``watermarks``.
+    """
+
+    playbook: Playbook
+    applied: tuple[str, ...] = ()
+    watermarks: tuple[tuple[str, int], ...] = ()  # (source, highest last offset applied), sorted by source
+    ledger_size: int = 4096
+    stats: ApplyStats = field(default_factory=ApplyStats)
+
+    def seen(self, window_id: str, source: str | None = None, last_offset: int | None = None) -> bool:
+        if window_id in self.applied:
+            return True
+        if source is not None and last_offset is not None:
+            mark = dict(self.watermarks).get(source)
+            return mark is not None and last_offset <= mark
+        return False
+
+
+def apply_window(
+    state: PlaybookState,
+    delta: Delta,
+    policy: ApplyPolicy | None = None,
+    *,
+    source: str | None = None,
+    last_offset: int | None = None,
+) -> PlaybookState:
+    """Apply a window's delta once: a window already in the ledger leaves ``state`` unchanged."""
+    if state.seen(delta.window_id, source, last_offset):
+        return state
+    playbook, stats = apply_delta(state.playbook, delta, policy)
+    applied = (*state.applied, delta.window_id)[-state.ledger_size :]
+    marks = dict(state.watermarks)
+    if source is not None and last_offset is not None:
+        marks[source] = max(marks.get(source, -1), last_offset)
+    return PlaybookState(
+        playbook=playbook,
+        applied=applied,
+        watermarks=tuple(sorted(marks.items())),
+        ledger_size=state.ledger_size,
+        stats=state.stats.merge(stats),
+    )
+
+
+# --- rendering --------------------------------------------------------------------------------------------
+
+_TITLE = "Playbook"
+
+
+def _header(namespace: str, version: int) -> str:
+    return (
+        f"# {_TITLE} · {namespace} · version {version}\n"
+        "Lessons learned from earlier runs of this agent. Apply the ones that fit the task; "
+        "bullet ids are for reference only."
+    )
+
+
+def _section_heading(section: str) -> str:
+    return f"## {section.replace('_', ' ')}"
+
+
+def _render_bullet(b: Bullet) -> str:
+    return f"- [{b.id}] {b.content}"
+
+
+def render_prompt(playbook: Playbook) -> str:
+    """The playbook as system-prompt text. Deterministic: sections in first-appearance order, bullets by id."""
+    lines = [_header(playbook.namespace, playbook.version)]
+    by_section: dict[str, list[Bullet]] = {}
+    for b in playbook.bullets:
+        by_section.setdefault(b.section, []).append(b)
+    for section, bullets in by_section.items():
+        lines.append("")
+        lines.append(_section_heading(section))
+        lines.extend(_render_bullet(b) for b in bullets)
+    return "\n".join(lines) + "\n"
+
+
+def playbook_tokens(playbook: Playbook) -> int:
+    return estimate_tokens(render_prompt(playbook))

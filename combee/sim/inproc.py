@@ -1,0 +1,103 @@
+"""An in-process SIMULATED model: the world model behind the :class:`combee.llm.LLM` port, without HTTP.
+
+For fast tests and calibration only. Answers are identical to the HTTP simulator's for the same seed
+(both seed each request's rng from the same canonical body), and every response is labelled simulated.
+Latency is *virtual*: the modelled service time is reported, never slept, unless ``sleep`` is true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+from typing import Any
+
+from combee.llm import ChatRequest, ChatResponse, Usage
+from combee.sim.protocol import Responder, SimRequest
+from combee.tokens import estimate_tokens
+
+__all__ = ["InProcessSim", "canonical_body", "request_rng"]
+
+
+def canonical_body(body: dict[str, Any]) -> str:
+    """The canonical JSON of a request body that seeds its rng (transport-only fields excluded)."""
+    core = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "user")}
+    return json.dumps(core, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_rng(seed: int, body: dict[str, Any]) -> random.Random:
+    digest = hashlib.sha256(f"{seed}|{canonical_body(body)}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+class InProcessSim:
+    """LLM port implementation backed directly by a responder (SIMULATED)."""
+
+    def __init__(
+        self,
+        responder: Responder,
+        *,
+        seed: int = 0,
+        model: str = "combee-sim",
+        ttft_s: float = 0.4,
+        prefill_s_per_token: float = 0.0002,
+        decode_tokens_per_s: float = 60.0,
+        time_scale: float = 1.0,
+        sleep: bool = False,
+    ) -> None:
+        self.responder = responder
+        self.seed = seed
+        self.model = model
+        self.ttft_s = ttft_s
+        self.prefill = prefill_s_per_token
+        self.decode = decode_tokens_per_s
+        self.time_scale = time_scale
+        self.sleep = sleep
+        self.calls = 0
+
+    def body(self, request: ChatRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.model_dump() for m in request.messages],
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+        }
+        if request.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": request.schema_name or "answer", "schema": dict(request.json_schema)},
+            }
+        if request.seed is not None:
+            body["seed"] = request.seed
+        return body
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        self.calls += 1
+        body = self.body(request)
+        rng = request_rng(self.seed, body)
+        sim_request = SimRequest(
+            model=self.model,
+            messages=body["messages"],
+            response_format=body.get("response_format"),
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            seed=request.seed,
+        )
+        text = self.responder.respond(sim_request, rng)
+        if text is None:
+            text = "{}"
+        prompt_tokens = sum(estimate_tokens(m.content) + 4 for m in request.messages)
+        completion_tokens = estimate_tokens(text)
+        jitter = rng.lognormvariate(0.0, 0.1)
+        service = (self.ttft_s + prompt_tokens * self.prefill + completion_tokens / self.decode) * jitter
+        service *= self.time_scale
+        if self.sleep and service > 0:
+            await asyncio.sleep(service)
+        return ChatResponse(
+            text=text,
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
+            model=self.model,
+            service_time_s=service,
+            simulated=True,
+        )
