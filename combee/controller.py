@@ -164,7 +164,7 @@ class BatchSizeController:
         if fit is None or fit.alpha <= 0:
             return None
         needed = (fit.A * arrival_rate * 1.2) ** (1.0 / fit.alpha)
-        return max(1, math.ceil(needed))
+        return max(1, math.ceil(needed - 1e-9))  # tolerate float noise at exact integers
 
     def _fit(self) -> PowerLawFit | None:
         pts = self._per_trace_points()

@@ -1,0 +1,161 @@
+import json
+import math
+
+import pytest
+
+from combee.engine import Method, MethodConfig, Window, run_window
+from combee.errors import LLMUnavailable
+from combee.learner import LearnConfig, learn
+from combee.llm import ChatRequest, Role
+from combee.models import Playbook, Trace
+from tests.fakes import ScriptedLLM, block_lines, echo_script
+
+
+def traces(n, ns="ns"):
+    return tuple(Trace(trace_id=f"t{i}", namespace=ns, task=f"task number {i}") for i in range(n))
+
+
+def window(n, ns="ns"):
+    return Window(ns, "p0", 0, n - 1, traces(n, ns))
+
+
+@pytest.mark.parametrize("n", [1, 7, 50, 100, 144, 300])
+async def test_combee_call_counts_match_the_plan(n):
+    llm = ScriptedLLM(echo_script)
+    cfg = MethodConfig()
+    result = await run_window(window(n), Playbook(namespace="ns"), llm, cfg)
+    plan = cfg.plan(n, window(n).id)
+    assert len(llm.calls(Role.REFLECTOR)) == n
+    assert len(llm.calls(Role.CURATOR)) == plan.groups.k
+    assert len(llm.calls(Role.MERGER)) == plan.tree.merge_calls
+    if n <= 144:
+        assert plan.groups.k in (math.isqrt(n), math.isqrt(n) + 1)
+        assert plan.tree.merge_calls == (1 if plan.groups.k > 1 else 0)
+    # every reflection reached a curator, at most max_group_items per call, and nothing was lost
+    assert sorted({t["task"] for r in llm.calls(Role.REFLECTOR) for t in block_lines(r, "trace")}) == sorted(
+        t.task for t in window(n).traces
+    )
+    assert all(len(block_lines(r, "reflections")) <= 24 for r in llm.calls(Role.CURATOR))
+    assert len(result.playbook.bullets) == n  # the echo model keeps every lesson; dedup merges the copies
+    assert result.meter.calls == len(llm.requests)
+
+
+async def test_merge_inputs_respect_fan_in_for_a_large_window():
+    llm = ScriptedLLM(echo_script)
+    await run_window(window(600), Playbook(namespace="ns"), llm, MethodConfig(max_fan_in=6))
+    sizes = [len(block_lines(r, "proposals")) for r in llm.calls(Role.MERGER)]
+    plan = MethodConfig(max_fan_in=6).plan(600, window(600).id)
+    assert len(sizes) == plan.tree.merge_calls and plan.tree.depth >= 3
+
+
+async def test_naive_and_sequential_make_one_curator_call():
+    for method, n in ((Method.NAIVE, 40), (Method.SEQUENTIAL, 1)):
+        llm = ScriptedLLM(echo_script)
+        result = await run_window(window(n), Playbook(namespace="ns"), llm, MethodConfig(method=method))
+        assert len(llm.calls(Role.CURATOR)) == 1 and not llm.calls(Role.MERGER)
+        assert len(block_lines(llm.calls(Role.CURATOR)[0], "reflections")) == n
+        assert len(result.playbook.bullets) == n
+
+
+async def test_same_input_same_answers_same_playbook():
+    a = await run_window(window(60), Playbook(namespace="ns"), ScriptedLLM(echo_script), MethodConfig())
+    b = await run_window(window(60), Playbook(namespace="ns"), ScriptedLLM(echo_script), MethodConfig())
+    assert a.playbook == b.playbook and a.delta == b.delta
+
+
+async def test_reflections_run_concurrently_against_a_frozen_playbook():
+    llm = ScriptedLLM(echo_script, latency={Role.REFLECTOR: 0.02})
+    pb = Playbook(namespace="ns")
+    await run_window(window(30), pb, llm, MethodConfig())
+    assert llm.max_in_flight >= 30
+    versions = {r.messages[1].content.split("(version ")[1].split(")")[0] for r in llm.calls(Role.REFLECTOR)}
+    assert versions == {"0"}
+
+
+def flaky(bad_roles: dict[Role, int]):
+    """A model whose first N answers per role are malformed."""
+    seen: dict[Role, int] = {}
+
+    def script(req: ChatRequest) -> str:
+        seen[req.role] = seen.get(req.role, 0) + 1
+        if seen[req.role] <= bad_roles.get(req.role, 0):
+            return '{"operations": [{"op": "ADD", "section": "s", "content": ""}]}'  # invalid: empty content
+        return echo_script(req)
+
+    return script
+
+
+async def test_malformed_answers_are_retried():
+    llm = ScriptedLLM(flaky({Role.CURATOR: 2}))
+    result = await run_window(window(1), Playbook(namespace="ns"), llm, MethodConfig(method=Method.SEQUENTIAL))
+    assert len(llm.calls(Role.CURATOR)) == 3 and len(result.playbook.bullets) == 1
+    assert result.meter.roles["curator"].parse_failures == 2 and result.meter.skipped_groups == 0
+    seeds = [r.seed for r in llm.calls(Role.CURATOR)]
+    assert seeds == [None, 1, 2]  # each retry is a distinct request (not served from a cache)
+
+
+async def test_group_skipped_after_retries_and_nothing_half_applied():
+    llm = ScriptedLLM(flaky({Role.CURATOR: 99}))
+    result = await run_window(window(9), Playbook(namespace="ns"), llm, MethodConfig(parse_attempts=2))
+    assert result.meter.skipped_groups == 3  # k = 3 groups, all skipped
+    assert result.playbook.bullets == () and result.playbook.version == 1
+
+
+async def test_bad_merge_answer_passes_children_through():
+    def script(req):
+        if req.role == Role.MERGER:
+            return "not json"
+        return echo_script(req)
+
+    result = await run_window(window(16), Playbook(namespace="ns"), ScriptedLLM(script), MethodConfig())
+    assert result.meter.merge_fallbacks == 1
+    assert len(result.playbook.bullets) == 16
+
+
+async def test_unreachable_llm_raises():
+    class Down:
+        async def complete(self, request):
+            raise LLMUnavailable("connection refused")
+
+    with pytest.raises(LLMUnavailable):
+        await run_window(window(4), Playbook(namespace="ns"), Down(), MethodConfig())
+
+
+async def test_critical_path_uses_service_times():
+    llm = ScriptedLLM(echo_script, service_time=1.0)
+    result = await run_window(window(16), Playbook(namespace="ns"), llm, MethodConfig())
+    assert result.critical_path_s == pytest.approx(3.0)  # reflect, group, merge
+
+
+async def test_learn_epochs_and_windows():
+    llm = ScriptedLLM(echo_script)
+    res = await learn(traces(25), llm, LearnConfig(method=MethodConfig(), batch_size=10, epochs=2))
+    assert res.batch_sizes == [10, 10, 5, 10, 10, 5]
+    assert [it.window_id for it in res.iterations][:3] == ["ns/file:e0/0-9", "ns/file:e0/10-19", "ns/file:e0/20-24"]
+    assert res.iterations[3].window_id == "ns/file:e1/0-9"
+    assert res.playbook.version == 6 and len(res.playbook.bullets) == 25
+
+
+async def test_learn_auto_profiles_candidates_as_real_steps():
+    from combee.controller import BatchSizeController
+
+    llm = ScriptedLLM(echo_script, latency={Role.REFLECTOR: 0.01, Role.CURATOR: 0.01, Role.MERGER: 0.01})
+    ctl = BatchSizeController(candidates=(2, 4, 8), bs_min=2, bs_max=16)
+    res = await learn(traces(40), llm, LearnConfig(batch_size="auto", controller=ctl))
+    assert res.batch_sizes[:3] == [2, 4, 8] and all(it.trial for it in res.iterations[:3])
+    assert res.decision is not None and res.decision.fit is not None
+    rest = res.batch_sizes[3:]
+    assert all(b == res.decision.batch_size for b in rest[:-1]) and 0 < rest[-1] <= res.decision.batch_size
+    assert sum(res.batch_sizes) == 40 and len(res.playbook.bullets) == 40
+
+
+async def test_learn_rejects_mixed_namespaces():
+    from combee.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="several namespaces"):
+        await learn(traces(2, "a") + traces(2, "b"), ScriptedLLM(echo_script), LearnConfig())
+
+
+def test_trace_json_roundtrip():
+    t = traces(1)[0]
+    assert Trace.model_validate(json.loads(t.model_dump_json())) == t

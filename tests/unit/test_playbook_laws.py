@@ -1,0 +1,163 @@
+"""Laws of the playbook algebra (STYLE.md principle 2), checked with hypothesis."""
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from combee.models import AddOp, BulletTag, Delta, Playbook, Reflection, RemoveOp, Tag, UpdateOp
+from combee.playbook import (
+    ApplyPolicy,
+    PlaybookState,
+    TokenJaccard,
+    apply_delta,
+    apply_window,
+    count_tags,
+    normalise_text,
+    playbook_tokens,
+    render_prompt,
+)
+
+bullet_ids = st.integers(1, 30).map(lambda n: f"b{n:05d}")
+texts = st.text(alphabet="abcdef XYZ.,!", min_size=1, max_size=40).filter(lambda s: s.strip())
+sections = st.sampled_from(["formulas", "pitfalls", "general", "Units & Scaling"])
+add_ops = st.builds(AddOp, section=sections, content=texts)
+update_ops = st.builds(UpdateOp, bullet_id=bullet_ids, content=texts)
+remove_ops = st.builds(RemoveOp, bullet_id=bullet_ids)
+ops = st.lists(st.one_of(add_ops, add_ops, update_ops, remove_ops), max_size=25)
+tags = st.lists(st.builds(BulletTag, bullet_id=bullet_ids, tag=st.sampled_from(list(Tag))), max_size=6)
+reflections = st.lists(
+    st.builds(Reflection, trace_id=st.just("t"), base_version=st.just(0), tags=tags.map(tuple)), max_size=12
+)
+
+
+def delta(ops_, window="w1", tag_counts=None, version=0):
+    return Delta(namespace="ns", window_id=window, base_version=version, ops=tuple(ops_), tag_counts=tag_counts or {})
+
+
+def grown(seed_ops):
+    pb, _ = apply_delta(Playbook(namespace="ns"), delta(seed_ops, "w0"))
+    return pb
+
+
+@given(reflections, st.randoms())
+def test_tag_counting_is_order_independent(refs, rnd):
+    shuffled = list(refs)
+    rnd.shuffle(shuffled)
+    assert count_tags(refs) == count_tags(shuffled)
+
+
+@given(reflections)
+def test_tag_counts_are_bounded_by_reflections(refs):
+    for helpful, harmful in count_tags(refs).values():
+        assert 0 <= helpful + harmful <= len(refs)
+
+
+@given(st.lists(add_ops, max_size=20))
+def test_empty_delta_only_bumps_version(seed_ops):
+    pb = grown(seed_ops)
+    after, stats = apply_delta(pb, delta([], "w1", version=pb.version))
+    assert after.version == pb.version + 1
+    assert after.bullets == pb.bullets and after.next_id == pb.next_id
+    assert stats.added == stats.updated == stats.removed == 0
+
+
+@given(st.lists(add_ops, max_size=20), ops)
+def test_apply_is_deterministic(seed_ops, ops_):
+    pb = grown(seed_ops)
+    assert apply_delta(pb, delta(ops_)) == apply_delta(pb, delta(ops_))
+
+
+@given(st.lists(add_ops, max_size=20), ops)
+def test_same_window_twice_equals_once(seed_ops, ops_):
+    state = PlaybookState(playbook=grown(seed_ops))
+    once = apply_window(state, delta(ops_, "w-same"))
+    twice = apply_window(once, delta(ops_, "w-same"))
+    assert twice == once
+    assert once.playbook.version == state.playbook.version + 1
+
+
+def test_watermark_catches_reformed_duplicates():
+    state = PlaybookState(playbook=Playbook(namespace="ns"))
+    s1 = apply_window(state, delta([AddOp(section="a", content="x")], "ns/p0/0-9"), source="p0", last_offset=9)
+    s2 = apply_window(s1, delta([AddOp(section="a", content="y")], "ns/p0/5-9"), source="p0", last_offset=9)
+    assert s2 == s1
+
+
+@given(st.lists(add_ops, max_size=20), ops)
+@settings(max_examples=200)
+def test_invariants_after_apply(seed_ops, ops_):
+    pb = grown(seed_ops)
+    after, stats = apply_delta(pb, delta(ops_))
+    keys = [normalise_text(b.content) for b in after.bullets]
+    assert len(keys) == len(set(keys))  # no duplicates survive
+    ids = [int(b.id[1:]) for b in after.bullets]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert after.next_id >= pb.next_id
+    assert all(int(b.id[1:]) < after.next_id for b in after.bullets)  # ids come from the counter
+    missing = sum(1 for op in ops_ if isinstance(op, UpdateOp | RemoveOp))
+    assert stats.missing_update + stats.missing_remove <= missing
+
+
+def test_update_and_remove_of_missing_bullets_are_counted_noops():
+    pb = grown([AddOp(section="s", content="one")])
+    after, stats = apply_delta(pb, delta([UpdateOp(bullet_id="b00099", content="x"), RemoveOp(bullet_id="b00077")]))
+    assert [b.content for b in after.bullets] == ["one"]
+    assert stats.missing_update == 1 and stats.missing_remove == 1
+
+
+def test_fresh_ids_are_never_reused():
+    pb = grown([AddOp(section="s", content="one"), AddOp(section="s", content="two")])
+    pb2, _ = apply_delta(pb, delta([RemoveOp(bullet_id="b00002")], "w1"))
+    pb3, _ = apply_delta(pb2, delta([AddOp(section="s", content="three")], "w2"))
+    assert [b.id for b in pb3.bullets] == ["b00001", "b00003"]
+
+
+def test_counters_and_provenance():
+    pb = grown([AddOp(section="s", content="one")])
+    pb2, stats = apply_delta(pb, delta([UpdateOp(bullet_id="b00001", content="one, sharper")], "w7", {"b00001": (3, 1)}))
+    b = pb2.bullets[0]
+    assert (b.helpful, b.harmful) == (3, 1) and stats.tags_applied == 1
+    assert b.created.window_id == "w0" and b.updated.window_id == "w7" and b.updated.version == 2
+
+
+def test_duplicates_merge_counters_into_the_oldest():
+    pb = grown([AddOp(section="s", content="Check the Units!")])
+    pb2, _ = apply_delta(pb, delta([], "w1", {"b00001": (2, 0)}))
+    pb3, stats = apply_delta(pb2, delta([AddOp(section="other", content="check the units")], "w2"))
+    assert [b.id for b in pb3.bullets] == ["b00001"] and stats.deduplicated == 1
+    assert pb3.bullets[0].helpful == 2
+
+
+def test_pluggable_similarity():
+    policy = ApplyPolicy(dedup=TokenJaccard(0.6))
+    pb, _ = apply_delta(Playbook(namespace="ns"), delta([AddOp(section="s", content="use the diluted share count")]))
+    pb2, stats = apply_delta(pb, delta([AddOp(section="s", content="always use the diluted share count")]), policy)
+    assert len(pb2.bullets) == 1 and stats.deduplicated == 1
+
+
+def test_budget_evicts_worst_first():
+    rnd = random.Random(3)
+    ops_ = [AddOp(section="s", content=f"lesson {i} " + "x" * rnd.randint(20, 80)) for i in range(60)]
+    pb = grown(ops_)
+    scores = {b.id: (i % 5, i % 3) for i, b in enumerate(pb.bullets)}
+    pb, _ = apply_delta(pb, delta([], "w1", scores))
+    budget = playbook_tokens(pb) // 2
+    after, stats = apply_delta(pb, delta([], "w2"), ApplyPolicy(token_budget=budget))
+    assert playbook_tokens(after) <= budget and stats.evicted > 0
+    kept = {b.id for b in after.bullets}
+    evicted = [b for b in pb.bullets if b.id not in kept]
+    assert max(b.score for b in evicted) <= min(b.score for b in after.bullets)
+
+
+def test_render_is_deterministic_and_grouped():
+    pb = grown([AddOp(section="b_sec", content="two"), AddOp(section="a_sec", content="one")])
+    text = render_prompt(pb)
+    assert text == render_prompt(pb)
+    assert text.index("## b sec") < text.index("## a sec")  # first-appearance order
+    assert "- [b00001] two" in text and "version 1" in text
+
+
+def test_section_cap_folds_into_general():
+    pb = grown([AddOp(section=f"s{i}", content=f"c{i}") for i in range(30)])
+    assert len(pb.sections) == 25 and "general" in pb.sections
