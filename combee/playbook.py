@@ -330,8 +330,11 @@ _TITLE = "Playbook"
 
 
 def _header(namespace: str, version: int) -> str:
+    # The namespace is deliberately not part of the text: a replay into another namespace must render
+    # exactly the same prompts, so that cached answers (and so the learned playbook) are reproduced.
+    del namespace
     return (
-        f"# {_TITLE} · {namespace} · version {version}\n"
+        f"# {_TITLE} · version {version}\n"
         "Lessons learned from earlier runs of this agent. Apply the ones that fit the task; "
         "bullet ids are for reference only."
     )

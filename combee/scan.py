@@ -1,0 +1,87 @@
+"""Incremental execution of one window's reduce tree, as partial deltas arrive in any order (pure).
+
+The tree is fixed by the plan (:func:`combee.plan.plan_tree`), so the result does not depend on arrival
+order: a merge node becomes *ready* the moment all of its own children are present — merges start while
+other groups are still being curated (stragglers overlap with merging) — and its inputs are always taken in
+child-index order. Adding the same partial twice is a no-op (partials are idempotent per (level, index)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from combee.models import DeltaOp
+from combee.plan import TreePlan
+
+__all__ = ["ReadyNode", "ReduceTracker", "tree_shape"]
+
+Shape = tuple[tuple[tuple[int, ...], ...], ...]
+
+
+def tree_shape(tree: TreePlan) -> Shape:
+    """The serialisable shape of a tree: ``shape[i][j]`` = children of node j at level i + 2."""
+    return tuple(tuple(node.children for node in level) for level in tree.levels)
+
+
+@dataclass(frozen=True)
+class ReadyNode:
+    level: int
+    index: int
+    inputs: tuple[tuple[DeltaOp, ...], ...]
+
+
+@dataclass
+class ReduceTracker:
+    groups: int
+    shape: Shape
+    _have: dict[tuple[int, int], tuple[DeltaOp, ...]] = field(default_factory=dict)
+    _started: set[tuple[int, int]] = field(default_factory=set)
+
+    @property
+    def root_key(self) -> tuple[int, int]:
+        return (1 + len(self.shape), 0)
+
+    def expects(self, level: int, index: int) -> bool:
+        if level == 1:
+            return 0 <= index < self.groups
+        return 2 <= level <= 1 + len(self.shape) and 0 <= index < len(self.shape[level - 2])
+
+    def add(self, level: int, index: int, ops: Sequence[DeltaOp]) -> bool:
+        """Record the partial of node (level, index). False if unexpected or already present."""
+        key = (level, index)
+        if not self.expects(level, index) or key in self._have:
+            return False
+        self._have[key] = tuple(ops)
+        return True
+
+    def has(self, level: int, index: int) -> bool:
+        return (level, index) in self._have
+
+    def ready(self) -> list[ReadyNode]:
+        """Merge nodes whose children are all present and that are neither done nor started; marks them started."""
+        out = []
+        for i, level in enumerate(self.shape):
+            lvl = i + 2
+            for j, children in enumerate(level):
+                key = (lvl, j)
+                if key in self._have or key in self._started:
+                    continue
+                if all((lvl - 1, c) in self._have for c in children):
+                    self._started.add(key)
+                    out.append(ReadyNode(lvl, j, tuple(self._have[(lvl - 1, c)] for c in children)))
+        return out
+
+    def forget_started(self) -> None:
+        """Allow started-but-unfinished merges to be offered again (after a failure or a restart)."""
+        self._started.clear()
+
+    def result(self) -> tuple[DeltaOp, ...] | None:
+        """The window's operations once the root is present (empty for a window with no groups)."""
+        if self.groups == 0:
+            return ()
+        return self._have.get(self.root_key)
+
+    @property
+    def missing_groups(self) -> int:
+        return sum(1 for g in range(self.groups) if (1, g) not in self._have)

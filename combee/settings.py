@@ -1,0 +1,91 @@
+"""The one settings object, read once at an entry point (CLI, worker). Core functions take plain values.
+
+Every field can be set by an environment variable ``COMBEE_<FIELD>`` (case-insensitive). The standard
+``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` variables work too. Secrets are ``SecretStr``: they never print.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from combee.llm import Role
+
+__all__ = ["Settings", "redact_url"]
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (``scheme://user:password@host``) replaced by ``***``."""
+    if "://" not in url or "@" not in url.split("://", 1)[1].split("/", 1)[0]:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.split("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://***@{host}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="COMBEE_", extra="ignore", case_sensitive=False)
+
+    # --- LLM endpoint ---
+    openai_base_url: str = Field(
+        default="http://127.0.0.1:8000/v1",
+        validation_alias=AliasChoices("COMBEE_OPENAI_BASE_URL", "OPENAI_BASE_URL"),
+    )
+    openai_api_key: SecretStr = Field(
+        default=SecretStr("not-needed"), validation_alias=AliasChoices("COMBEE_OPENAI_API_KEY", "OPENAI_API_KEY")
+    )
+    model: str = "combee-sim"
+    model_reflector: str | None = None
+    model_curator: str | None = None
+    model_merger: str | None = None
+    model_generator: str | None = None
+    structured_output: Literal["auto", "json_schema", "json_object_schema", "json_object", "none"] = "auto"
+    llm_max_concurrency: int = Field(default=64, ge=1)
+    llm_timeout_s: float = Field(default=120.0, gt=0)
+    llm_max_attempts: int = Field(default=6, ge=1)
+    llm_backoff_max_s: float = Field(default=30.0, gt=0)
+    cache_dir: Path | None = None
+
+    # --- method ---
+    p: int = Field(default=2, ge=1, le=8)
+    max_group_items: int = Field(default=24, ge=2)
+    max_fan_in: int = Field(default=12, ge=2)
+    parse_attempts: int = Field(default=3, ge=1)
+    token_budget: int = Field(default=24_000, ge=64)
+
+    # --- streaming ---
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+    topic_prefix: str = "combee"
+    partitions: int = Field(default=4, ge=1)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_username: str | None = None
+    redis_password: SecretStr | None = None
+    redis_ssl_ca_certs: Path | None = None
+    key_prefix: str = "combee"
+    max_inflight_windows: int = Field(default=1, ge=1)
+    max_wait_s: float = Field(default=30.0, gt=0)
+    bs_min: int = Field(default=8, ge=1)
+    bs_max: int = Field(default=256, ge=1)
+    bs_default: int = Field(default=32, ge=1)
+    bs_candidates: tuple[int, ...] = (16, 32, 64)
+    curate_concurrency: int = Field(default=8, ge=1)
+    worker_web_port: int = Field(default=6066, ge=0)
+    state_dir: Path = Path("var/dev")
+
+    def model_for(self, role: Role) -> str:
+        specific = getattr(self, f"model_{role.value}")
+        return specific or self.model
+
+    def models(self) -> dict[Role, str]:
+        return {role: self.model_for(role) for role in Role}

@@ -1,0 +1,195 @@
+"""Versioned wire envelopes between the stages. Decoded in one place: :mod:`streams.codec`.
+
+Each envelope names its schema (``"combee.window/1"`` …) so that a worker that meets a newer, unknown schema
+dead-letters it with a clear reason instead of mis-reading it. Domain models (traces, reflections, ops,
+playbooks) travel inside envelopes unchanged; envelopes add only routing and bookkeeping.
+
+Flow (DESIGN.md §3)::
+
+    traces ──window stage──▶ windows (WindowEnvelope: the window decision and its traces, durable)
+    windows ──map stage──▶ groups (GroupTask per level-1 group) + partials (WindowPlan: what to expect)
+    groups ──curate workers──▶ partials (Partial, level 1)
+    partials ──combiner──▶ merges (levels ≥ 2) ▶ apply ▶ deltas (DeltaRecord), playbooks (Snapshot), Redis
+    any stage ──▶ deadletter (DeadLetter) for records it cannot accept
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
+
+__all__ = [
+    "Control",
+    "DeadLetter",
+    "DeltaRecord",
+    "Envelope",
+    "GroupTask",
+    "Partial",
+    "Snapshot",
+    "WindowEnvelope",
+    "WindowPlan",
+]
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WindowEnvelope(_Envelope):
+    """A closed window: which traces (by source partition and offsets) and the traces themselves.
+
+    Written before the traces' offsets are committed, so a window, once decided, is never re-formed
+    differently after a crash: a restarted window stage reads its own decisions back from this topic.
+    """
+
+    schema_: Literal["combee.window/1"] = Field(default="combee.window/1", alias="schema")
+    window_id: str
+    namespace: str
+    source: str
+    first_offset: int
+    last_offset: int
+    offsets: tuple[int, ...]
+    seed_key: str
+    closed_by: Literal["size", "max_wait", "backlog", "replay"]
+    traces: tuple[Trace, ...]
+    closed_at: float
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class GroupTask(_Envelope):
+    """One level-1 curator call: a group's reflections against playbook version ``base_version``."""
+
+    schema_: Literal["combee.group/1"] = Field(default="combee.group/1", alias="schema")
+    window_id: str
+    namespace: str
+    seq: int
+    index: int = Field(ge=0)
+    playbook: Playbook
+    reflections: tuple[Reflection, ...]
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class WindowPlan(_Envelope):
+    """Sent to the combiner when a window is mapped: what to expect and what to apply besides the ops."""
+
+    schema_: Literal["combee.plan/1"] = Field(default="combee.plan/1", alias="schema")
+    window_id: str
+    namespace: str
+    seq: int
+    source: str
+    first_offset: int
+    last_offset: int
+    trace_count: int
+    reflections: int
+    base_version: int
+    groups: int = Field(ge=0)
+    tree: tuple[tuple[tuple[int, ...], ...], ...] = Field(
+        description="merge levels: tree[i][j] lists the children (nodes of level i+1) of node j of level i+2"
+    )
+    tag_counts: dict[str, tuple[int, int]]
+    closed_at: float
+    mapped_at: float
+    map_service_s: float = 0.0
+    skipped_traces: int = 0
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Partial(_Envelope):
+    """A partial delta for node (``level``, ``index``) of a window's reduce; idempotent per that key."""
+
+    schema_: Literal["combee.partial/1"] = Field(default="combee.partial/1", alias="schema")
+    window_id: str
+    namespace: str
+    level: int = Field(ge=1)
+    index: int = Field(ge=0)
+    ops: tuple[DeltaOp, ...]
+    ok: bool = True
+    service_s: float = 0.0
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Control(_Envelope):
+    """An operator command for a namespace's combiner (e.g. roll back to an earlier version's content)."""
+
+    schema_: Literal["combee.control/1"] = Field(default="combee.control/1", alias="schema")
+    namespace: str
+    kind: Literal["rollback"]
+    to_version: int = Field(ge=0)
+    requested_at: float
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class DeltaRecord(_Envelope):
+    """The log of applied windows: one record per window (or control action) and playbook version."""
+
+    schema_: Literal["combee.delta/1"] = Field(default="combee.delta/1", alias="schema")
+    namespace: str
+    version: int
+    window_id: str
+    seq: int
+    source: str | None = None
+    last_offset: int | None = None
+    offsets: tuple[int, ...] = ()
+    seed_key: str | None = None
+    delta: Delta
+    trace_count: int
+    entries: int
+    closed_at: float | None = None
+    applied_at: float
+    critical_path_s: float = 0.0
+    note: str | None = None
+    rollback_to: int | None = None
+    playbook: Playbook | None = Field(default=None, description="the resulting playbook, for rollback records")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Snapshot(_Envelope):
+    """Latest state of a namespace (compacted topic): the playbook and the exactly-once ledger.
+
+    ``delta_offset`` is the offset, in the deltas log, of the record that produced this playbook."""
+
+    schema_: Literal["combee.snapshot/1"] = Field(default="combee.snapshot/1", alias="schema")
+    playbook: Playbook
+    applied: tuple[str, ...] = ()
+    watermarks: tuple[tuple[str, int], ...] = ()
+    next_seq: int = 0
+    delta_offset: int = -1
+    updated_at: float
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class DeadLetter(_Envelope):
+    """A record a stage refused, with why and where it came from. ``value_preview`` is a bounded excerpt."""
+
+    schema_: Literal["combee.deadletter/1"] = Field(default="combee.deadletter/1", alias="schema")
+    stage: str
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    key: str | None = None
+    size: int
+    value_preview: str
+    received_at: datetime
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+Envelope = Annotated[
+    WindowEnvelope | GroupTask | WindowPlan | Partial | Control | DeltaRecord | Snapshot | DeadLetter,
+    Field(discriminator="schema_"),
+]

@@ -1,0 +1,47 @@
+"""Redis key names and channels, in one place.
+
+Every key of a namespace carries the hash tag ``{<namespace>}`` so that all of them live in one Redis
+Cluster slot and the atomic publish script can touch them together.
+
+``<prefix>:{<ns>}:current``   hash: version, prompt, playbook (JSON), window_id, published_at
+``<prefix>:{<ns>}:v:<N>``     hash: the same fields for version N (old versions stay addressable)
+``<prefix>:{<ns>}:history``   sorted set: member = JSON summary of a version, score = version
+``<prefix>:{<ns>}:updates``   pub/sub channel: a message (the version number) per new version
+``<prefix>:{<ns>}:status``    string: JSON status of the learner for the namespace (``combee status``)
+``<prefix>:namespaces``       set of namespaces ever published
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from combee.models import validate_namespace
+
+__all__ = ["RedisKeys"]
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    prefix: str = "combee"
+
+    def _ns(self, namespace: str) -> str:
+        return f"{self.prefix}:{{{validate_namespace(namespace)}}}"
+
+    def current(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:current"
+
+    def version(self, namespace: str, version: int) -> str:
+        return f"{self._ns(namespace)}:v:{int(version)}"
+
+    def history(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:history"
+
+    def updates(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:updates"
+
+    def status(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:status"
+
+    @property
+    def namespaces(self) -> str:
+        return f"{self.prefix}:namespaces"

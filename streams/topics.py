@@ -1,0 +1,93 @@
+"""Every Kafka topic Combee uses: names and configs, in one place.
+
+All learner topics are keyed by namespace (so one namespace's records share a partition and stay in order)
+except ``groups``, keyed by ``window_id/group`` so curate work spreads over every partition. ``traces``,
+``windows``, ``partials``, ``deltas`` and ``playbooks`` must have the same partition count: the window stage,
+the combiner and their tables are co-partitioned by namespace (one owner per namespace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MAX_MESSAGE_BYTES", "TopicSpec", "Topics"]
+
+# A window envelope carries its traces (up to bs_max of them): allow 8 MiB records on Combee's topics.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+    keyed_by: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names under a prefix (default ``combee``); tests use unique prefixes to share one broker."""
+
+    prefix: str = "combee"
+    partitions: int = 4
+
+    @property
+    def traces(self) -> str:
+        return f"{self.prefix}.traces"
+
+    @property
+    def windows(self) -> str:
+        return f"{self.prefix}.windows"
+
+    @property
+    def groups(self) -> str:
+        return f"{self.prefix}.groups"
+
+    @property
+    def partials(self) -> str:
+        return f"{self.prefix}.partials"
+
+    @property
+    def deltas(self) -> str:
+        return f"{self.prefix}.deltas"
+
+    @property
+    def playbooks(self) -> str:
+        return f"{self.prefix}.playbooks"
+
+    @property
+    def mapstate(self) -> str:
+        return f"{self.prefix}.mapstate"
+
+    @property
+    def deadletter(self) -> str:
+        return f"{self.prefix}.deadletter"
+
+    def specs(self) -> list[TopicSpec]:
+        big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        keep = {"cleanup.policy": "delete", "retention.ms": "-1", **big}  # traces stay for replay
+        week = {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000), **big}
+        p = self.partitions
+        return [
+            TopicSpec(self.traces, p, keep, "namespace", "agent traces (any producer, JSON)"),
+            TopicSpec(self.windows, p, week, "namespace", "window decisions with their traces (durable handoff)"),
+            TopicSpec(self.groups, p, week, "window_id/group", "level-1 curate tasks"),
+            TopicSpec(self.partials, p, week, "namespace", "window plans, partial deltas and control records"),
+            TopicSpec(self.deltas, p, keep, "namespace", "applied deltas, one record per window (the log)"),
+            TopicSpec(
+                self.playbooks,
+                p,
+                {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "3600000", **big},
+                "namespace",
+                "latest playbook snapshot per namespace (compacted)",
+            ),
+            TopicSpec(
+                self.mapstate,
+                p,
+                {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "3600000", **big},
+                "namespace",
+                "map-stage acceptance state per namespace (changelog of a table, compacted)",
+            ),
+            TopicSpec(self.deadletter, 1, week, "namespace or none", "rejected records with the reason"),
+        ]
