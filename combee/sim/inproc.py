@@ -66,7 +66,12 @@ class InProcessSim:
         if request.json_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": request.schema_name or "answer", "schema": dict(request.json_schema)},
+                # the same body the OpenAI adapter sends, so in-process and HTTP answers are identical
+                "json_schema": {
+                    "name": request.schema_name or "answer",
+                    "schema": dict(request.json_schema),
+                    "strict": True,
+                },
             }
         if request.seed is not None:
             body["seed"] = request.seed
