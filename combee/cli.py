@@ -494,7 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--time-scale", type=float, default=0.02)
     d.add_argument("--out", type=Path, default=Path("var/demo"))
     d.add_argument("--offline", action="store_true", help="learn in-process only (no Kafka/Redis)")
+    d.add_argument("--timeout", type=float, default=600.0, help="give up waiting for the workers after SECONDS")
     d.set_defaults(func=cmd_demo)
+
+    from combee.cli_stream import add_stream_commands
+
+    add_stream_commands(sub)
     return parser
 
 

@@ -85,6 +85,8 @@ class WindowPlan(_Envelope):
     source: str
     first_offset: int
     last_offset: int
+    offsets: tuple[int, ...] = ()
+    seed_key: str = ""
     trace_count: int
     reflections: int
     base_version: int

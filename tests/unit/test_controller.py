@@ -11,7 +11,7 @@ from combee.controller import BatchSizeController, fit_power_law, plateau_batch_
 def test_fit_recovers_a_and_alpha_from_exact_points(A, alpha):
     pts = [(b, A * b**-alpha) for b in (4, 8, 16, 32, 64)]
     fit = fit_power_law(pts)
-    assert fit.A == pytest.approx(A, rel=1e-6)
+    assert pytest.approx(A, rel=1e-6) == fit.A
     assert fit.alpha == pytest.approx(alpha, rel=1e-6)
     assert fit.r2 == pytest.approx(1.0)
 

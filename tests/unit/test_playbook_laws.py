@@ -115,7 +115,9 @@ def test_fresh_ids_are_never_reused():
 
 def test_counters_and_provenance():
     pb = grown([AddOp(section="s", content="one")])
-    pb2, stats = apply_delta(pb, delta([UpdateOp(bullet_id="b00001", content="one, sharper")], "w7", {"b00001": (3, 1)}))
+    pb2, stats = apply_delta(
+        pb, delta([UpdateOp(bullet_id="b00001", content="one, sharper")], "w7", {"b00001": (3, 1)})
+    )
     b = pb2.bullets[0]
     assert (b.helpful, b.harmful) == (3, 1) and stats.tags_applied == 1
     assert b.created.window_id == "w0" and b.updated.window_id == "w7" and b.updated.version == 2

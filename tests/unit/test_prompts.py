@@ -9,8 +9,8 @@ from combee.models import LIMITS, AddOp, Playbook, RemoveOp, Trace, UpdateOp
 from combee.prompts import (
     DEFAULT_PROMPTS,
     MergeAnswer,
-    Proposal,
     PromptSet,
+    Proposal,
     curator_request,
     data_json,
     parse_answer,

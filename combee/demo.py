@@ -1,0 +1,164 @@
+"""``combee demo``: the main job end to end, on embedded defaults, with the SIMULATED model.
+
+Streaming (default): start Kafka and Redis (deploy/local.py; reused if already up), the simulator and a
+worker; publish SIMULATED traces for two namespaces; wait until every trace is learned; print each
+namespace's prompt and version *as read back from Redis*; stop everything this command started.
+
+``--offline``: no Kafka/Redis — the simulator and the offline learner, then the prompt and the metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run_demo"]
+
+NAMESPACES = (("finance-formula", "formula", 1), ("finance-finer", "finer", 2))
+
+
+def _say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.offline:
+        return _offline(args)
+    return _streaming(args)
+
+
+def _offline(args: argparse.Namespace) -> int:
+    from combee.cli import write_trace_set
+    from combee.sim.config import SimConfig
+    from combee.sim.runner import SimProcess
+    from combee.sim.world import generate_traces
+
+    out: Path = args.out
+    traces, tests, truth = generate_traces(args.traces, 1, namespace="demo")
+    write_trace_set(out / "traces.jsonl", traces, tests, truth)
+    _say(f"wrote {len(traces)} SIMULATED traces to {out / 'traces.jsonl'}")
+    with SimProcess(SimConfig(seed=1, time_scale=args.time_scale), world="combee") as sim:
+        _say(f"SIMULATED model serving at {sim.base_url} (time scale {args.time_scale})")
+        env = {**os.environ, "OPENAI_BASE_URL": sim.base_url}
+        cmd = [sys.executable, "-m", "combee.cli", "learn", "--traces", str(out / "traces.jsonl"),
+               "--method", "combee", "--batch-size", str(args.batch_size), "--out", str(out / "learned"),
+               "--test", str(out / "traces.test.jsonl")]  # fmt: skip
+        rc = subprocess.call(cmd, env=env)
+    if rc != 0:
+        return rc
+    print((out / "learned" / "prompt.md").read_text())
+    metrics = json.loads((out / "learned" / "metrics.json").read_text())
+    keep = ("method", "batch_sizes", "iterations", "wall_s", "llm_calls", "prompt_tokens", "completion_tokens",
+            "playbook_entries", "playbook_tokens", "simulated", "eval")  # fmt: skip
+    print(json.dumps({k: metrics[k] for k in keep if k in metrics}, indent=2))
+    return 0
+
+
+def _streaming(args: argparse.Namespace) -> int:
+    from combee.sim.config import SimConfig
+    from combee.sim.runner import SimProcess
+    from deploy import local
+
+    state_dir = Path(os.environ["COMBEE_STATE_DIR"]) if os.environ.get("COMBEE_STATE_DIR") else None
+    services = local.up(state_dir)
+    started = services.started
+    bootstrap, redis_url = services.kafka_bootstrap, services.redis_url
+    _say(f"Kafka at {bootstrap}, Redis at {redis_url}" + (f" (started {', '.join(started)})" if started else ""))
+    prefix = f"demo{int(time.time())}"
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        with SimProcess(SimConfig(seed=1, time_scale=args.time_scale), world="combee") as sim:
+            _say(f"SIMULATED model serving at {sim.base_url} (time scale {args.time_scale})")
+            env = {
+                **os.environ,
+                "OPENAI_BASE_URL": sim.base_url,
+                "COMBEE_KAFKA_BOOTSTRAP": bootstrap,
+                "COMBEE_REDIS_URL": redis_url,
+                "COMBEE_TOPIC_PREFIX": prefix,
+                "COMBEE_KEY_PREFIX": prefix,
+                "COMBEE_MAX_WAIT_S": "3",
+            }
+            log_path = args.out / "worker.log"
+            args.out.mkdir(parents=True, exist_ok=True)
+            with log_path.open("wb") as log_file:
+                worker = subprocess.Popen(
+                    [sys.executable, "-m", "combee.cli", "worker", "--until-idle", "10"],
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
+                _say(f"worker pid {worker.pid} (log: {log_path})")
+                expected = _publish(bootstrap, prefix, args.traces)
+                results = asyncio.run(_wait_learned(redis_url, prefix, expected, worker, timeout_s=args.timeout))
+                worker.wait(timeout=60)
+                worker = None
+        for ns, (version, prompt, learned) in results.items():
+            print(f"\n===== namespace {ns}: version {version} (read from Redis; {learned} traces learned) =====")
+            print(prompt)
+        _say("SIMULATED model: the prompts above were learned from synthetic traces by a simulated LLM")
+        return 0 if all(r[2] == expected[ns] for ns, r in results.items()) else 1
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=30)
+        if started:
+            local.down(state_dir, services=started)
+            _say(f"stopped {', '.join(started)}")
+
+
+def _publish(bootstrap: str, prefix: str, n: int) -> dict[str, int]:
+    from combee.sim.world import generate_traces
+    from streams.publisher import TracePublisher
+    from streams.topics import Topics
+
+    expected: dict[str, int] = {}
+    with TracePublisher(bootstrap, Topics(prefix=prefix)) as publisher:
+        for ns, world, seed in NAMESPACES:
+            traces, _, _ = generate_traces(n, seed, namespace=ns, world=world)
+            for trace in traces:
+                publisher.publish(trace)
+            expected[ns] = len(traces)
+        publisher.flush(30)
+    _say(f"published {sum(expected.values())} SIMULATED traces: " + ", ".join(f"{k}={v}" for k, v in expected.items()))
+    return expected
+
+
+async def _wait_learned(
+    redis_url: str, prefix: str, expected: dict[str, int], worker: subprocess.Popen[bytes], timeout_s: float
+) -> dict[str, tuple[int, str, int]]:
+    """Poll Redis until every namespace's published versions cover all its traces (or the worker ends)."""
+    from streams.client import AsyncPromptClient
+
+    clients = {ns: AsyncPromptClient(redis_url, ns, key_prefix=prefix) for ns in expected}
+    deadline = time.monotonic() + timeout_s
+    results: dict[str, tuple[int, str, int]] = {}
+    try:
+        while time.monotonic() < deadline:
+            for ns, client in clients.items():
+                learned = await _traces_learned(client)
+                try:
+                    current = await client.get()
+                except Exception:
+                    continue
+                results[ns] = (current.version, current.prompt, learned)
+            if results and all(results.get(ns, (0, "", 0))[2] >= n for ns, n in expected.items()):
+                break
+            if worker.poll() is not None:
+                break
+            await asyncio.sleep(1.0)
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return results
+
+
+async def _traces_learned(client: Any) -> int:
+    history = await client.history(limit=10_000)
+    return sum(int((h.meta or {}).get("traces") or 0) for h in history)

@@ -1,0 +1,538 @@
+"""The agent-side read SDK: get the learned prompt of a namespace, or watch for new versions.
+
+Two promises to agents:
+
+* **Never block on Redis for a prompt you already have.** :meth:`PromptClient.get` answers from a local copy
+  while it is younger than ``max_age_s`` (time since Redis last confirmed it); otherwise it asks Redis with a
+  short timeout, and on any Redis failure it returns the local copy — stale but valid — backing off before it
+  asks again. Only with no copy at all does it raise :class:`PromptUnavailable`.
+* **Never see a torn or older prompt.** Each prompt is read with one ``HMGET`` of one hash (``current`` or the
+  per-version hash), which the store's publish script writes atomically, so prompt text and version always
+  match; a client never returns or yields a version lower than one it has already returned or yielded.
+
+:meth:`PromptClient.watch` subscribes to the namespace's ``updates`` channel *and* polls ``current`` right
+after every (re)subscription and whenever the channel has been quiet for ``poll_interval_s``, so a missed
+pub/sub message or a Redis restart delays a new version by at most about one poll interval; connection
+failures are retried with capped, jittered exponential backoff for as long as the watch runs.
+:class:`AsyncPromptClient` is the same for asyncio agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import redis
+import redis.asyncio
+import redis.exceptions
+
+from combee.errors import CombeeError
+from combee.models import validate_namespace
+from combee.settings import Settings
+from streams.keys import RedisKeys
+from streams.redis_store import (
+    HistoryEntry,
+    RedisOptions,
+    _client_secrets,
+    _describe_error,
+    _float_or_none,
+    _text,
+    build_redis,
+    build_sync_redis,
+    parse_history,
+)
+
+__all__ = ["AsyncPromptClient", "PromptClient", "PromptUnavailable", "PromptVersion"]
+
+log = logging.getLogger(__name__)
+
+_FIELDS: Final = ("version", "prompt", "window_id", "published_at")
+# What counts as "Redis failed" for the fallbacks: every redis-py error, socket errors, and a hash that does
+# not parse (someone wrote it by hand).
+_READ_ERRORS: Final = (redis.exceptions.RedisError, OSError, ValueError)
+
+
+class PromptUnavailable(CombeeError):
+    """No prompt can be returned: Redis cannot be read (or holds no version) and there is no local copy."""
+
+
+@dataclass(frozen=True)
+class PromptVersion:
+    """One published prompt of a namespace. ``published_at`` is the publisher's wall clock (Unix seconds)."""
+
+    version: int
+    prompt: str
+    namespace: str
+    window_id: str | None = None
+    published_at: float | None = None
+
+
+def _prompt_version(namespace: str, values: Sequence[Any]) -> PromptVersion | None:
+    version, prompt, window_id, published_at = (_text(v) for v in values)
+    if version is None:
+        return None
+    if prompt is None:
+        raise ValueError(f"prompt hash of namespace {namespace!r} has a version but no prompt")
+    return PromptVersion(int(version), prompt, namespace, window_id or None, _float_or_none(published_at))
+
+
+def _announced_version(message: Any) -> int | None:
+    """The version number a pub/sub message announces (None for anything else)."""
+    if not isinstance(message, dict) or message.get("type") != "message":
+        return None
+    try:
+        return int(_text(message.get("data")) or "")
+    except ValueError:
+        return None
+
+
+class _Backoff:
+    """Capped exponential backoff with jitter: after n failures, a uniform draw from [d/2, d],
+    d = min(cap, base * 2**(n-1))."""
+
+    def __init__(self, base_s: float, cap_s: float, rng: random.Random) -> None:
+        self.base_s, self.cap_s, self.rng = base_s, cap_s, rng
+
+    def delay(self, failures: int) -> float:
+        ceiling = min(self.cap_s, self.base_s * 2.0 ** min(max(failures, 1) - 1, 60))
+        return ceiling / 2 + self.rng.random() * ceiling / 2
+
+
+class _Cache:
+    """The local copy and when to ask Redis again. Pure bookkeeping (the clock is passed in)."""
+
+    def __init__(self, max_age_s: float, backoff: _Backoff) -> None:
+        self.max_age_s = max_age_s
+        self.backoff = backoff
+        self.value: PromptVersion | None = None
+        self.confirmed_at = -math.inf
+        self.retry_at = -math.inf
+        self.failures = 0
+
+    def answer_without_redis(self, now: float) -> PromptVersion | None:
+        """The local copy when it is fresh, or while backing off after a failure; None means ask Redis."""
+        if self.value is None:
+            return None
+        if now - self.confirmed_at < self.max_age_s or now < self.retry_at:
+            return self.value
+        return None
+
+    def confirmed(self, found: PromptVersion | None, now: float) -> PromptVersion | None:
+        """Redis answered ``found`` (None: no version stored). Keep whichever is newer; return what to serve."""
+        self.failures = 0
+        self.retry_at = -math.inf
+        self.confirmed_at = now
+        if found is not None and (self.value is None or found.version > self.value.version):
+            self.value = found
+        return self.value
+
+    def failed(self, now: float) -> PromptVersion | None:
+        self.failures += 1
+        self.retry_at = now + self.backoff.delay(self.failures)
+        return self.value
+
+
+class _ClientBase:
+    def __init__(
+        self,
+        namespace: str,
+        keys: RedisKeys,
+        *,
+        max_age_s: float,
+        poll_interval_s: float,
+        backoff_base_s: float,
+        backoff_cap_s: float,
+        clock: Callable[[], float],
+        rng: random.Random | None,
+    ) -> None:
+        if max_age_s < 0 or poll_interval_s <= 0:
+            raise ValueError("need max_age_s >= 0 and poll_interval_s > 0")
+        self.namespace = validate_namespace(namespace)
+        self.keys = keys
+        self.max_age_s = max_age_s
+        self.poll_interval_s = poll_interval_s
+        self._clock = clock
+        self._backoff = _Backoff(backoff_base_s, backoff_cap_s, rng or random.Random())
+        self._cache = _Cache(max_age_s, self._backoff)
+        self._current_key = keys.current(namespace)
+        self._channel = keys.updates(namespace)
+        self._secrets: tuple[str, ...] = ()
+
+    @property
+    def cached(self) -> PromptVersion | None:
+        """The local copy (newest version seen), without asking Redis."""
+        return self._cache.value
+
+    def _unavailable(self, exc: BaseException | None) -> PromptUnavailable:
+        if exc is None:
+            return PromptUnavailable(f"namespace {self.namespace!r} has no published prompt yet")
+        return PromptUnavailable(
+            f"cannot read the prompt of namespace {self.namespace!r} and no copy is cached: "
+            f"{_describe_error(exc, self._secrets)}"
+        )
+
+    def _log_failure(self, what: str, exc: BaseException, delay: float) -> None:
+        log.warning(
+            "%s for namespace %r failed (%s); retrying in %.2fs", what, self.namespace, self._describe(exc), delay
+        )
+
+    def _describe(self, exc: BaseException) -> str:
+        return _describe_error(exc, self._secrets)
+
+
+def _keys_from(keys: RedisKeys | None, key_prefix: str | None) -> RedisKeys | None:
+    if keys is not None and key_prefix is not None:
+        raise ValueError("give keys or key_prefix, not both")
+    return RedisKeys(key_prefix) if key_prefix is not None else keys
+
+
+def _options_and_keys(source: Settings | RedisOptions | str, keys: RedisKeys | None) -> tuple[RedisOptions, RedisKeys]:
+    options = RedisOptions.coerce(source)
+    return options, keys or RedisKeys(options.key_prefix)
+
+
+class PromptClient(_ClientBase):
+    """Blocking prompt reader for one namespace (thread-safe; one per namespace and process is plenty).
+
+    ``redis_source`` is a URL, a Settings / RedisOptions object (the client then owns its connection pool,
+    built with ``socket_timeout_s`` and no command retries) or an existing ``redis.Redis`` (not closed by
+    :meth:`close`). Key names come from ``keys``, or ``RedisKeys(key_prefix)``, or the settings' key prefix
+    (default ``combee``). ``clock``/``sleep``/``rng`` are injectable. Raises InvalidNamespace for a bad
+    namespace and ConfigError for unusable connection settings; never connects in the constructor.
+    """
+
+    def __init__(
+        self,
+        redis_source: Settings | RedisOptions | str | redis.Redis,
+        namespace: str,
+        *,
+        keys: RedisKeys | None = None,
+        key_prefix: str | None = None,
+        max_age_s: float = 1.0,
+        socket_timeout_s: float = 0.5,
+        poll_interval_s: float = 2.0,
+        backoff_base_s: float = 0.1,
+        backoff_cap_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        validate_namespace(namespace)
+        keys = _keys_from(keys, key_prefix)
+        if not isinstance(redis_source, str | RedisOptions | Settings):
+            self._redis: redis.Redis = redis_source  # a ready client (or a test double with the same methods)
+            self._owns_redis = False
+            keys = keys or RedisKeys()
+        else:
+            options, keys = _options_and_keys(redis_source, keys)
+            self._redis = build_sync_redis(
+                options,
+                socket_timeout_s=socket_timeout_s,
+                connect_timeout_s=socket_timeout_s,
+                retries=0,
+                client_name=f"combee-prompt-client:{namespace}",
+            )
+            self._owns_redis = True
+        super().__init__(
+            namespace,
+            keys,
+            max_age_s=max_age_s,
+            poll_interval_s=poll_interval_s,
+            backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            clock=clock,
+            rng=rng,
+        )
+        self._secrets = _client_secrets(self._redis)
+        self._sleep = sleep
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"PromptClient(namespace={self.namespace!r}, prefix={self.keys.prefix!r})"
+
+    def _read(self, key: str) -> PromptVersion | None:
+        values = cast(Sequence[Any], self._redis.hmget(key, _FIELDS))
+        return _prompt_version(self.namespace, values)
+
+    def get(self) -> PromptVersion:
+        """The newest prompt this client knows, refreshed from Redis when the copy is older than ``max_age_s``.
+
+        Never returns an older version than a previous call returned. Raises PromptUnavailable only when
+        there is no local copy and Redis cannot provide one (unreachable, or nothing published yet).
+        """
+        now = self._clock()
+        with self._lock:
+            served = self._cache.answer_without_redis(now)
+        if served is not None:
+            return served
+        try:
+            found = self._read(self._current_key)
+        except _READ_ERRORS as exc:
+            with self._lock:
+                fallback = self._cache.failed(self._clock())
+            if fallback is None:
+                raise self._unavailable(exc) from None
+            log.debug("serving cached v%d of %r: %s", fallback.version, self.namespace, self._describe(exc))
+            return fallback
+        with self._lock:
+            served = self._cache.confirmed(found, self._clock())
+        if served is None:
+            raise self._unavailable(None)
+        return served
+
+    def history(self, limit: int = 20) -> list[HistoryEntry]:
+        """The newest ``limit`` published versions' summaries, newest first (not cached).
+        Raises PromptUnavailable when Redis cannot be read."""
+        if limit < 1:
+            return []
+        try:
+            members = cast(Sequence[Any], self._redis.zrevrange(self.keys.history(self.namespace), 0, limit - 1))
+        except _READ_ERRORS as exc:
+            raise PromptUnavailable(f"cannot read the history of {self.namespace!r}: {self._describe(exc)}") from None
+        return parse_history(members)
+
+    def watch(self, timeout: float | None = None, *, after: int | None = None) -> Generator[PromptVersion, None, None]:
+        """Yield each new version of the namespace, in strictly increasing version order.
+
+        The first item is the current version (unless ``after`` is given: then only versions > ``after``).
+        Announced versions are read from their per-version hash, so a slow consumer still sees each one;
+        ``current`` is polled after every (re)subscription and whenever the channel has been quiet for
+        ``poll_interval_s``, so a missed announcement costs at most one interval (and the poll may then skip
+        straight to the newest version). Stops after ``timeout`` seconds in total (None: runs until the caller
+        stops iterating). Redis failures are retried with capped, jittered backoff and never raised. Each
+        yielded version also refreshes the :meth:`get` cache.
+        """
+        deadline = None if timeout is None else self._clock() + timeout
+        last = -1 if after is None else after
+        pubsub: Any = None
+        failures = 0
+        next_poll = -math.inf
+        try:
+            while True:
+                now = self._clock()
+                if deadline is not None and now >= deadline:
+                    return
+                try:
+                    if pubsub is None:
+                        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                        pubsub.subscribe(self._channel)
+                        next_poll = -math.inf  # catch whatever was published while we were not subscribed
+                    found = None
+                    if now >= next_poll:
+                        next_poll = now + self.poll_interval_s
+                        found = self._read(self._current_key)
+                    else:
+                        wait = next_poll - now if deadline is None else min(next_poll, deadline) - now
+                        announced = _announced_version(pubsub.get_message(timeout=max(wait, 0.0)))
+                        if announced is not None:
+                            # The channel works: poll only after it has been quiet for a whole interval, so a
+                            # burst is yielded version by version instead of jumping to the newest.
+                            next_poll = self._clock() + self.poll_interval_s
+                        if announced is not None and announced > last:
+                            found = self._read(self.keys.version(self.namespace, announced)) or self._read(
+                                self._current_key
+                            )
+                    failures = 0
+                except _READ_ERRORS as exc:
+                    _close_quietly(pubsub)
+                    pubsub = None
+                    failures += 1
+                    delay = self._backoff.delay(failures)
+                    if deadline is not None:
+                        delay = min(delay, max(deadline - self._clock(), 0.0))
+                    self._log_failure("watch", exc, delay)
+                    self._sleep(delay)
+                    continue
+                if found is not None and found.version > last:
+                    last = found.version
+                    with self._lock:
+                        self._cache.confirmed(found, self._clock())
+                    yield found
+        finally:
+            _close_quietly(pubsub)
+
+    def close(self) -> None:
+        """Release the connection pool (only if this client created it)."""
+        if self._owns_redis:
+            self._redis.close()
+
+    def __enter__(self) -> PromptClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _close_quietly(pubsub: Any) -> None:
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            pubsub.close()
+
+
+class AsyncPromptClient(_ClientBase):
+    """:class:`PromptClient` for asyncio agents: ``await get()``, ``async for v in watch()``, ``await history()``.
+
+    Use one event loop per client. Wrap ``watch()`` in :func:`contextlib.aclosing` (or let it run to its
+    timeout) so its subscription is released as soon as you stop iterating.
+    """
+
+    def __init__(
+        self,
+        redis_source: Settings | RedisOptions | str | redis.asyncio.Redis,
+        namespace: str,
+        *,
+        keys: RedisKeys | None = None,
+        key_prefix: str | None = None,
+        max_age_s: float = 1.0,
+        socket_timeout_s: float = 0.5,
+        poll_interval_s: float = 2.0,
+        backoff_base_s: float = 0.1,
+        backoff_cap_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        validate_namespace(namespace)
+        keys = _keys_from(keys, key_prefix)
+        if not isinstance(redis_source, str | RedisOptions | Settings):
+            self._redis: redis.asyncio.Redis = redis_source
+            self._owns_redis = False
+            keys = keys or RedisKeys()
+        else:
+            options, keys = _options_and_keys(redis_source, keys)
+            self._redis = build_redis(
+                options,
+                socket_timeout_s=socket_timeout_s,
+                connect_timeout_s=socket_timeout_s,
+                retries=0,
+                client_name=f"combee-prompt-client:{namespace}",
+            )
+            self._owns_redis = True
+        super().__init__(
+            namespace,
+            keys,
+            max_age_s=max_age_s,
+            poll_interval_s=poll_interval_s,
+            backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            clock=clock,
+            rng=rng,
+        )
+        self._secrets = _client_secrets(self._redis)
+        self._sleep = sleep
+
+    def __repr__(self) -> str:
+        return f"AsyncPromptClient(namespace={self.namespace!r}, prefix={self.keys.prefix!r})"
+
+    async def _read(self, key: str) -> PromptVersion | None:
+        values = await cast(Awaitable[Sequence[Any]], self._redis.hmget(key, _FIELDS))
+        return _prompt_version(self.namespace, values)
+
+    async def get(self) -> PromptVersion:
+        """See :meth:`PromptClient.get`."""
+        served = self._cache.answer_without_redis(self._clock())
+        if served is not None:
+            return served
+        try:
+            found = await self._read(self._current_key)
+        except _READ_ERRORS as exc:
+            fallback = self._cache.failed(self._clock())
+            if fallback is None:
+                raise self._unavailable(exc) from None
+            log.debug("serving cached v%d of %r: %s", fallback.version, self.namespace, self._describe(exc))
+            return fallback
+        served = self._cache.confirmed(found, self._clock())
+        if served is None:
+            raise self._unavailable(None)
+        return served
+
+    async def history(self, limit: int = 20) -> list[HistoryEntry]:
+        """See :meth:`PromptClient.history`."""
+        if limit < 1:
+            return []
+        try:
+            members = await cast(
+                Awaitable[Sequence[Any]], self._redis.zrevrange(self.keys.history(self.namespace), 0, limit - 1)
+            )
+        except _READ_ERRORS as exc:
+            raise PromptUnavailable(f"cannot read the history of {self.namespace!r}: {self._describe(exc)}") from None
+        return parse_history(members)
+
+    async def watch(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 - bounds the whole watch; the documented API
+        *,
+        after: int | None = None,
+    ) -> AsyncGenerator[PromptVersion, None]:
+        """See :meth:`PromptClient.watch`."""
+        deadline = None if timeout is None else self._clock() + timeout
+        last = -1 if after is None else after
+        pubsub: Any = None
+        failures = 0
+        next_poll = -math.inf
+        try:
+            while True:
+                now = self._clock()
+                if deadline is not None and now >= deadline:
+                    return
+                try:
+                    if pubsub is None:
+                        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                        await pubsub.subscribe(self._channel)
+                        next_poll = -math.inf
+                    found = None
+                    if now >= next_poll:
+                        next_poll = now + self.poll_interval_s
+                        found = await self._read(self._current_key)
+                    else:
+                        wait = next_poll - now if deadline is None else min(next_poll, deadline) - now
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=max(wait, 0.0))
+                        announced = _announced_version(message)
+                        if announced is not None:
+                            next_poll = self._clock() + self.poll_interval_s
+                        if announced is not None and announced > last:
+                            found = await self._read(self.keys.version(self.namespace, announced))
+                            if found is None:
+                                found = await self._read(self._current_key)
+                    failures = 0
+                except _READ_ERRORS as exc:
+                    await _aclose_quietly(pubsub)
+                    pubsub = None
+                    failures += 1
+                    delay = self._backoff.delay(failures)
+                    if deadline is not None:
+                        delay = min(delay, max(deadline - self._clock(), 0.0))
+                    self._log_failure("watch", exc, delay)
+                    await self._sleep(delay)
+                    continue
+                if found is not None and found.version > last:
+                    last = found.version
+                    self._cache.confirmed(found, self._clock())
+                    yield found
+        finally:
+            await _aclose_quietly(pubsub)
+
+    async def aclose(self) -> None:
+        """Release the connection pool (only if this client created it)."""
+        if self._owns_redis:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> AsyncPromptClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def _aclose_quietly(pubsub: Any) -> None:
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()

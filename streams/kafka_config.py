@@ -1,0 +1,317 @@
+"""Kafka client options from :class:`~combee.settings.Settings`, and topic creation/verification.
+
+One mapping of Combee's security settings to each Kafka client's spelling, so the trace publisher
+(kafka-python), the admin tools (kafka-python) and the workers (aiokafka / Faust) connect the same way:
+
+============================  ==================================  =========================================
+Settings                      kafka-python                        aiokafka
+============================  ==================================  =========================================
+kafka_security_protocol       security_protocol                   security_protocol
+kafka_sasl_mechanism          sasl_mechanism                      sasl_mechanism
+kafka_sasl_username           sasl_plain_username                 sasl_plain_username
+kafka_sasl_password           sasl_plain_password                 sasl_plain_password
+kafka_ssl_cafile/certfile/    ssl_cafile / ssl_certfile /         ssl_context (built with
+keyfile                       ssl_keyfile                         ``aiokafka.helpers.create_ssl_context``)
+============================  ==================================  =========================================
+
+Both clients use the ``sasl_plain_*`` names for SCRAM too. The password is handed over as a ``str`` whose
+``repr()`` is ``'***'``: the client libraries use its value, while logging a kwargs dict (kafka-python's
+admin client logs its whole configuration at DEBUG) or printing it shows no secret.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from combee.errors import ConfigError
+from streams.topics import Topics, TopicSpec
+
+if TYPE_CHECKING:
+    from combee.settings import Settings
+
+__all__ = [
+    "MaskedSecret",
+    "TopicsReport",
+    "aiokafka_security_kwargs",
+    "bootstrap_servers",
+    "ensure_topics",
+    "kafka_security_kwargs",
+]
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN_TOPIC: Final = 3  # UNKNOWN_TOPIC_OR_PARTITION
+_TOPIC_ALREADY_EXISTS: Final = 36
+
+
+class MaskedSecret(str):
+    """A ``str`` that is the secret to whoever uses its value but shows ``'***'`` in ``repr()``.
+
+    ``repr()`` is what logging a dict of options, a dataclass or an exception's args prints, so passing
+    secrets this way keeps them out of logs while client libraries (which encode or join the value) still work.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
+def bootstrap_servers(kafka: Settings | str) -> str:
+    """The bootstrap list of a Settings object, or the string itself."""
+    return kafka if isinstance(kafka, str) else kafka.kafka_bootstrap
+
+
+@dataclass(frozen=True)
+class _Security:
+    protocol: str
+    mechanism: str | None
+    username: str | None
+    password: MaskedSecret | None
+    cafile: str | None
+    certfile: str | None
+    keyfile: str | None
+
+
+def _security(settings: Settings) -> _Security:
+    """Check the Kafka security settings for consistency; raise ConfigError saying what is wrong."""
+    protocol = settings.kafka_security_protocol
+    sasl = protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+    tls = protocol in ("SSL", "SASL_SSL")
+    password = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else None
+    if sasl:
+        missing = [
+            name
+            for name, value in (
+                ("COMBEE_KAFKA_SASL_MECHANISM", settings.kafka_sasl_mechanism),
+                ("COMBEE_KAFKA_SASL_USERNAME", settings.kafka_sasl_username),
+                ("COMBEE_KAFKA_SASL_PASSWORD", password),
+            )
+            if not value
+        ]
+        if missing:
+            raise ConfigError(f"COMBEE_KAFKA_SECURITY_PROTOCOL={protocol} needs {', '.join(missing)}")
+    elif settings.kafka_sasl_mechanism or settings.kafka_sasl_username or password:
+        raise ConfigError(
+            f"SASL settings are given but COMBEE_KAFKA_SECURITY_PROTOCOL={protocol}; "
+            "use SASL_SSL (or SASL_PLAINTEXT) to authenticate"
+        )
+    files = {
+        "COMBEE_KAFKA_SSL_CAFILE": settings.kafka_ssl_cafile,
+        "COMBEE_KAFKA_SSL_CERTFILE": settings.kafka_ssl_certfile,
+        "COMBEE_KAFKA_SSL_KEYFILE": settings.kafka_ssl_keyfile,
+    }
+    given = {name: path for name, path in files.items() if path is not None}
+    if given and not tls:
+        raise ConfigError(
+            f"{', '.join(given)} given but COMBEE_KAFKA_SECURITY_PROTOCOL={protocol}; use SSL or SASL_SSL"
+        )
+    if settings.kafka_ssl_keyfile is not None and settings.kafka_ssl_certfile is None:
+        raise ConfigError("COMBEE_KAFKA_SSL_KEYFILE needs COMBEE_KAFKA_SSL_CERTFILE (the client certificate)")
+    for name, path in given.items():
+        if not Path(path).is_file():
+            raise ConfigError(f"{name}={str(path)!r} is not a readable file")
+
+    def as_str(path: Path | None) -> str | None:
+        return str(path) if path is not None else None
+
+    return _Security(
+        protocol=protocol,
+        mechanism=settings.kafka_sasl_mechanism if sasl else None,
+        username=settings.kafka_sasl_username if sasl else None,
+        password=MaskedSecret(password) if sasl and password else None,
+        cafile=as_str(settings.kafka_ssl_cafile),
+        certfile=as_str(settings.kafka_ssl_certfile),
+        keyfile=as_str(settings.kafka_ssl_keyfile),
+    )
+
+
+def kafka_security_kwargs(settings: Settings) -> dict[str, Any]:
+    """Security options for kafka-python's KafkaProducer / KafkaConsumer / KafkaAdminClient.
+
+    PLAINTEXT gives ``{"security_protocol": "PLAINTEXT"}``. SASL protocols add the mechanism and the
+    ``sasl_plain_*`` credentials (used for PLAIN and SCRAM alike); SSL protocols add the CA / client
+    certificate / key paths that are set, with hostname checking on. The password value is a
+    :class:`MaskedSecret`. Raises ConfigError when the settings are incomplete or contradict each other.
+    """
+    sec = _security(settings)
+    out: dict[str, Any] = {"security_protocol": sec.protocol}
+    if sec.mechanism is not None:
+        out["sasl_mechanism"] = sec.mechanism
+        out["sasl_plain_username"] = sec.username
+        out["sasl_plain_password"] = sec.password
+    if sec.protocol in ("SSL", "SASL_SSL"):
+        out["ssl_check_hostname"] = True
+        if sec.cafile is not None:
+            out["ssl_cafile"] = sec.cafile
+        if sec.certfile is not None:
+            out["ssl_certfile"] = sec.certfile
+        if sec.keyfile is not None:
+            out["ssl_keyfile"] = sec.keyfile
+    return out
+
+
+def aiokafka_security_kwargs(settings: Settings) -> dict[str, Any]:
+    """The same options in aiokafka's spelling (AIOKafkaProducer / AIOKafkaConsumer / AIOKafkaAdminClient).
+
+    For SSL protocols ``ssl_context`` is an :class:`ssl.SSLContext` from
+    ``aiokafka.helpers.create_ssl_context`` (hostname checking on; system CAs when no CA file is set).
+    Raises ConfigError as :func:`kafka_security_kwargs` does, and when a certificate/key file cannot be loaded.
+    """
+    sec = _security(settings)
+    out: dict[str, Any] = {"security_protocol": sec.protocol}
+    if sec.mechanism is not None:
+        out["sasl_mechanism"] = sec.mechanism
+        out["sasl_plain_username"] = sec.username
+        out["sasl_plain_password"] = sec.password
+    if sec.protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        try:
+            out["ssl_context"] = create_ssl_context(cafile=sec.cafile, certfile=sec.certfile, keyfile=sec.keyfile)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ConfigError(f"cannot load the Kafka TLS certificate files: {exc}") from None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Topics
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicsReport:
+    """What :func:`ensure_topics` found and did.
+
+    ``config_drift`` lists, for topics that already existed, each spec'd config whose broker value differs:
+    ``{topic: {key: (actual, expected)}}``. Drift is reported (and logged), never changed: altering a live
+    topic's retention or cleanup policy is an operator's decision.
+    """
+
+    created: tuple[str, ...]
+    existing: tuple[str, ...]
+    config_drift: Mapping[str, Mapping[str, tuple[str | None, str]]] = field(default_factory=dict)
+
+
+def _describe(admin: Any, names: list[str]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in admin.describe_topics(names)}
+
+
+def _exists(info: Mapping[str, Any] | None) -> bool:
+    return info is not None and info.get("error_code", _UNKNOWN_TOPIC) == 0
+
+
+def _config_drift(admin: Any, specs: list[TopicSpec]) -> dict[str, dict[str, tuple[str | None, str]]]:
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    if not specs:
+        return {}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, s.name, configs=dict.fromkeys(s.config)) for s in specs]
+    try:
+        described = admin.describe_configs(resources, config_filter="all").get("topic", {})
+    except Exception as exc:  # drift is advisory: not being allowed to read configs must not fail startup
+        log.warning("could not read topic configs to check for drift: %s", exc)
+        return {}
+    drift: dict[str, dict[str, tuple[str | None, str]]] = {}
+    for spec in specs:
+        actual = described.get(spec.name, {})
+        for key, expected in spec.config.items():
+            value = (actual.get(key) or {}).get("value")
+            if value != expected:
+                drift.setdefault(spec.name, {})[key] = (value, expected)
+    for name, diffs in drift.items():
+        log.warning("topic %s exists with different configs (actual, expected): %s", name, diffs)
+    return drift
+
+
+def ensure_topics(
+    kafka: Settings | str,
+    topics: Topics,
+    *,
+    timeout_s: float = 30.0,
+    replication_factor: int = 1,
+    admin_factory: Callable[..., Any] | None = None,
+) -> TopicsReport:
+    """Create every topic of ``topics.specs()`` that is missing, with its partition count and configs, and
+    check that every topic has the partition count its spec asks for. Idempotent and safe to race: a topic
+    another process creates at the same moment counts as existing.
+
+    Raises ConfigError when a topic has the wrong partition count (co-partitioning by namespace would break;
+    the message names each topic and both counts) or when the broker refuses to create one (bad replication
+    factor, not authorised, ...). Connection failures raise kafka-python's errors (NoBrokersAvailable,
+    KafkaTimeoutError). Config drift on existing topics is reported in the result, not raised.
+    ``admin_factory`` (default ``KafkaAdminClient``) is for tests.
+    """
+    if replication_factor < 1:
+        raise ConfigError("replication_factor must be at least 1")
+    if admin_factory is None:
+        from kafka.admin import KafkaAdminClient
+
+        admin_factory = KafkaAdminClient
+    timeout_ms = max(1000, int(timeout_s * 1000))
+    security = kafka_security_kwargs(kafka) if not isinstance(kafka, str) else {}
+    admin = admin_factory(
+        bootstrap_servers=bootstrap_servers(kafka),
+        client_id="combee-ensure-topics",
+        request_timeout_ms=timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        **security,
+    )
+    try:
+        specs = topics.specs()
+        names = [s.name for s in specs]
+        described = _describe(admin, names)
+        missing = [s for s in specs if not _exists(described.get(s.name))]
+        created: list[str] = []
+        if missing:
+            result = admin.create_topics(
+                {
+                    s.name: {
+                        "num_partitions": s.partitions,
+                        "replication_factor": replication_factor,
+                        "configs": dict(s.config),
+                    }
+                    for s in missing
+                },
+                timeout_ms=timeout_ms,
+                raise_errors=False,
+            )
+            refused: list[str] = []
+            for item in result.get("topics", []):
+                code = item.get("error_code", 0)
+                if code == 0:
+                    created.append(item["name"])
+                elif code != _TOPIC_ALREADY_EXISTS:
+                    refused.append(f"{item['name']} (error {code}: {item.get('error_message') or 'no message'})")
+            if refused:
+                raise ConfigError(f"Kafka refused to create topics: {'; '.join(refused)}")
+            if created:
+                admin.wait_for_topics(created, timeout_ms=timeout_ms)
+            described = _describe(admin, names)
+        wrong = []
+        for spec in specs:
+            info = described.get(spec.name)
+            if not _exists(info):
+                wrong.append(f"{spec.name} is still missing after creation")
+                continue
+            assert info is not None
+            count = len(info.get("partitions") or [])
+            if count != spec.partitions:
+                wrong.append(f"{spec.name} has {count} partitions, expected {spec.partitions}")
+        if wrong:
+            raise ConfigError(
+                "Kafka topics do not match Combee's specs: "
+                + "; ".join(wrong)
+                + " (COMBEE_PARTITIONS must equal the existing topics' partition count, or use a new topic prefix)"
+            )
+        existing = tuple(n for n in names if n not in created)
+        drift = _config_drift(admin, [s for s in specs if s.name in existing])
+        if created:
+            log.info("created Kafka topics: %s", ", ".join(created))
+        return TopicsReport(created=tuple(created), existing=existing, config_drift=drift)
+    finally:
+        admin.close()

@@ -1,0 +1,231 @@
+"""The agent-side trace producer: validate a trace exactly as the workers will, then send it to Kafka.
+
+:class:`TracePublisher` runs every trace through :func:`combee.tracefile.parse_trace` — the one place a raw
+trace is validated — *before* anything reaches Kafka, so a trace the workers would dead-letter is refused at
+the source with the same reason. Records are keyed by namespace (UTF-8), so one namespace's traces share a
+partition and stay in order; the value is the validated compact JSON.
+
+Producer settings (kafka-python 3.0 against Kafka 4.x): ``acks="all"``, the idempotent producer on
+(``enable_idempotence=True``: broker-assigned producer id + sequence numbers, so the client's own retries
+cannot duplicate or reorder a record), retries unbounded but limited in time by ``delivery_timeout_ms``,
+a small ``linger_ms``, lz4 compression when the ``lz4`` package is installed (else none), and no topic
+auto-creation (topics come from :func:`streams.kafka_config.ensure_topics`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from combee.errors import ConfigError, InvalidNamespace, TraceError
+from combee.models import Trace, validate_namespace
+from combee.tracefile import parse_trace
+from streams.kafka_config import bootstrap_servers, kafka_security_kwargs
+from streams.topics import Topics
+
+if TYPE_CHECKING:
+    from kafka.producer.future import FutureRecordMetadata
+
+    from combee.settings import Settings
+
+__all__ = ["Compression", "ProducerLike", "TracePublisher", "encode_trace"]
+
+log = logging.getLogger(__name__)
+
+Compression = Literal["auto", "lz4", "gzip", "none"]
+
+
+class ProducerLike(Protocol):
+    """The part of kafka-python's KafkaProducer the publisher uses (tests inject a fake)."""
+
+    def send(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> Any: ...
+
+    def flush(self, timeout: float | None = None) -> None: ...
+
+    def close(self, timeout: float | None = None) -> None: ...
+
+
+def encode_trace(trace: Trace | Mapping[str, Any], *, default_namespace: str | None = None) -> tuple[Trace, bytes]:
+    """Validate ``trace`` and return ``(the parsed Trace, the compact JSON bytes to send)``.
+
+    The bytes returned are exactly the bytes :func:`~combee.tracefile.parse_trace` accepted, so the workers
+    decode the same Trace (a missing ``trace_id`` is derived from these bytes, stably). A Mapping goes through
+    ``json.dumps`` (no NaN/Infinity) and ``parse_trace``; a Trace is dumped and re-checked the same way, which
+    also enforces the encoded-size limit. ``default_namespace`` fills a Mapping's missing namespace.
+
+    Raises :class:`~combee.errors.InvalidNamespace` for a namespace that is not a safe key, and
+    :class:`~combee.errors.TraceError` (with the reason) for anything else the workers would refuse.
+    """
+    if isinstance(trace, Trace):
+        validate_namespace(trace.namespace)
+        try:
+            raw = trace.model_dump_json().encode("utf-8")
+        except (TypeError, ValueError) as exc:  # only a Trace built with model_construct() can get here
+            raise TraceError(f"trace could not be serialised: {exc}"[:300]) from None
+    elif isinstance(trace, Mapping):
+        record = dict(trace)
+        if "namespace" not in record and default_namespace is not None:
+            record["namespace"] = default_namespace
+        if "namespace" in record:
+            validate_namespace(record["namespace"])
+        try:
+            text = json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            raw = text.encode("utf-8")
+        except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) is a ValueError
+            raise TraceError(f"trace is not JSON-serialisable: {exc}"[:300]) from None
+        except RecursionError:
+            raise TraceError("trace is nested too deeply") from None
+    else:
+        raise TraceError(f"a trace must be a combee.models.Trace or a mapping, got {type(trace).__name__}")
+    return parse_trace(raw), raw
+
+
+def _compression_type(compression: Compression) -> str | None:
+    import kafka.codec
+
+    if compression == "none":
+        return None
+    if compression == "gzip":
+        return "gzip"
+    if kafka.codec.has_lz4():
+        return "lz4"
+    if compression == "lz4":
+        raise ConfigError("lz4 compression needs the 'lz4' package, which is not installed (use 'auto' or 'none')")
+    return None
+
+
+class TracePublisher:
+    """Send agent traces to the ``traces`` topic; usable as a context manager (closes, flushing, on exit).
+
+    ``kafka`` is a bootstrap string (``"host:9092,host2:9092"``) or a Settings object (then its security
+    settings apply, see :func:`streams.kafka_config.kafka_security_kwargs`, and ``topics`` defaults to its
+    ``topic_prefix``). Construction connects to the cluster (kafka-python bootstraps eagerly) and raises
+    kafka-python's ``NoBrokersAvailable`` if it cannot, or ConfigError for bad settings.
+
+    ``publish``/``publish_many`` are thread-safe (kafka-python's producer is). Delivery is asynchronous: the
+    returned futures resolve to the record metadata or fail after ``delivery_timeout_ms``; failures are also
+    logged and counted in ``failed`` so a fire-and-forget caller still learns about them.
+    """
+
+    def __init__(
+        self,
+        kafka: Settings | str,
+        topics: Topics | None = None,
+        *,
+        client_id: str = "combee-trace-publisher",
+        linger_ms: int = 5,
+        compression: Compression = "auto",
+        max_block_ms: int = 10_000,
+        delivery_timeout_ms: int = 120_000,
+        idempotent: bool = True,
+        default_namespace: str | None = None,
+        producer_factory: Callable[..., ProducerLike] | None = None,
+    ) -> None:
+        if topics is None:
+            topics = Topics() if isinstance(kafka, str) else Topics(kafka.topic_prefix, kafka.partitions)
+        if default_namespace is not None:
+            validate_namespace(default_namespace)
+        self.topics = topics
+        self.topic = topics.traces
+        self.default_namespace = default_namespace
+        self._bootstrap = bootstrap_servers(kafka)
+        security = {} if isinstance(kafka, str) else kafka_security_kwargs(kafka)
+        self._security_protocol = security.get("security_protocol", "PLAINTEXT")
+        self.compression_type = _compression_type(compression)
+        if producer_factory is None:
+            from kafka import KafkaProducer
+
+            producer_factory = KafkaProducer
+        self._producer: ProducerLike = producer_factory(
+            bootstrap_servers=self._bootstrap,
+            client_id=client_id,
+            acks="all",
+            enable_idempotence=idempotent,
+            linger_ms=linger_ms,
+            compression_type=self.compression_type,
+            max_block_ms=max_block_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            allow_auto_create_topics=False,
+            **security,
+        )
+        self._closed = False
+        self.sent = 0
+        self.delivered = 0
+        self.failed = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"TracePublisher(bootstrap={self._bootstrap!r}, topic={self.topic!r}, "
+            f"security_protocol={self._security_protocol!r}, compression={self.compression_type!r})"
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this TracePublisher is closed")
+
+    def _send(self, trace: Trace, raw: bytes) -> FutureRecordMetadata:
+        future = self._producer.send(self.topic, value=raw, key=trace.namespace.encode("utf-8"))
+        self.sent += 1
+        if hasattr(future, "add_callback"):
+            trace_id = trace.trace_id
+            future.add_callback(self._on_delivered)
+            future.add_errback(lambda exc: self._on_failed(trace_id, exc))
+        return future
+
+    def _on_delivered(self, _metadata: Any) -> None:
+        self.delivered += 1
+
+    def _on_failed(self, trace_id: str, exc: BaseException) -> None:
+        self.failed += 1
+        log.warning("trace %s was not delivered to %s: %s: %s", trace_id, self.topic, type(exc).__name__, exc)
+
+    def publish(self, trace: Trace | Mapping[str, Any]) -> FutureRecordMetadata:
+        """Validate one trace and send it; returns kafka-python's future for the record's metadata.
+
+        Raises InvalidNamespace / TraceError (see :func:`encode_trace`) without sending anything;
+        RuntimeError after :meth:`close`; kafka-python's ``KafkaTimeoutError`` when the producer cannot take
+        the record within ``max_block_ms`` (no metadata for the topic — is it created? — or a full buffer).
+        """
+        self._check_open()
+        parsed, raw = encode_trace(trace, default_namespace=self.default_namespace)
+        return self._send(parsed, raw)
+
+    def publish_many(self, traces: Iterable[Trace | Mapping[str, Any]]) -> list[FutureRecordMetadata]:
+        """Validate *all* traces first, then send them in order: one invalid trace means nothing is sent.
+
+        Raises TraceError / InvalidNamespace naming the position (``trace #3: ...``) of the first bad one.
+        """
+        self._check_open()
+        encoded: list[tuple[Trace, bytes]] = []
+        for i, trace in enumerate(traces):
+            try:
+                encoded.append(encode_trace(trace, default_namespace=self.default_namespace))
+            except TraceError as exc:
+                raise TraceError(f"trace #{i}: {exc.reason}") from None
+            except InvalidNamespace as exc:
+                raise InvalidNamespace(f"trace #{i}: {exc}") from None
+        return [self._send(parsed, raw) for parsed, raw in encoded]
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every record sent so far is acknowledged or failed (kafka-python raises
+        KafkaTimeoutError if ``timeout`` seconds pass first)."""
+        self._check_open()
+        self._producer.flush(timeout=timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush and close the producer (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._producer.close(timeout=timeout)
+
+    def __enter__(self) -> TracePublisher:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,169 @@
+"""Replay: relearn a namespace's traces, still in Kafka, into another namespace with the same engine.
+
+The replay reads the source namespace's partition of the traces topic from a start (earliest, an offset or a
+time) up to the end offsets it saw when it began — bounded, however many traces arrive meanwhile — and offers
+the traces to the workers as windows of the *target* namespace on the windows topic. The running workers
+then map, curate, merge and apply them exactly as live windows.
+
+With ``windows="logged"`` the windows are cut where the source's were (read from the deltas log) and keep
+the source's shuffle seeds, so with the same model answers (the response cache) the replay reproduces the
+source's playbook; traces outside any logged window get fresh windows of ``batch_size``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from combee.errors import CombeeError, ConfigError
+from combee.models import Trace, validate_namespace
+from combee.plan import window_id
+from combee.settings import Settings
+from streams.codec import CodecError, decode, decode_trace, encode
+from streams.envelopes import DeltaRecord, WindowEnvelope
+from streams.kafka_config import kafka_security_kwargs
+from streams.topics import Topics
+
+__all__ = ["ReplayReport", "replay"]
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    partition: int
+    first_offset: int
+    end_offset: int
+    traces: int
+    windows: int
+    windows_from_log: int
+
+
+def _partition(namespace: str, partitions: int) -> int:
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(namespace.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _start_offset(consumer: KafkaConsumer, tp: TopicPartition, start: str) -> int:
+    begin = consumer.beginning_offsets([tp])[tp]
+    if start == "earliest":
+        return int(begin)
+    if start.lstrip("-").isdigit():
+        return max(int(begin), int(start))
+    try:
+        when = datetime.fromisoformat(start)
+    except ValueError:
+        raise ConfigError(f"--from must be 'earliest', an offset or an ISO time, got {start!r}") from None
+    found = consumer.offsets_for_times({tp: int(when.timestamp() * 1000)})[tp]
+    return int(found.offset) if found is not None else int(consumer.end_offsets([tp])[tp])
+
+
+def _read(consumer: KafkaConsumer, tp: TopicPartition, start: int, end: int) -> list[Any]:
+    consumer.assign([tp])
+    consumer.seek(tp, start)
+    out: list[Any] = []
+    while consumer.position(tp) < end:
+        for msg in consumer.poll(timeout_ms=1000).get(tp, []):
+            if msg.offset >= end:
+                return out
+            out.append(msg)
+    return out
+
+
+def replay(
+    settings: Settings,
+    *,
+    namespace: str,
+    into: str,
+    start: str = "earliest",
+    batch_size: int | None = None,
+    windows: str = "logged",
+) -> ReplayReport:
+    """Offer ``namespace``'s traces from ``start`` to the end offset seen now as windows of ``into``."""
+    validate_namespace(namespace)
+    validate_namespace(into)
+    if into == namespace:
+        raise ConfigError("replay into a different namespace (or a new lineage name), not into the source")
+    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    part = _partition(namespace, topics.partitions)
+    security = kafka_security_kwargs(settings)
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, **security)
+    try:
+        tp = TopicPartition(topics.traces, part)
+        end = int(consumer.end_offsets([tp])[tp])
+        first = _start_offset(consumer, tp, start)
+        traces: dict[int, Trace] = {}
+        for msg in _read(consumer, tp, first, end):
+            try:
+                trace = decode_trace(msg.value, msg.key)
+            except CodecError:
+                continue  # the live pipeline dead-lettered it too
+            if trace.namespace == namespace:
+                traces[msg.offset] = trace
+        logged: list[DeltaRecord] = []
+        if windows == "logged":
+            dtp = TopicPartition(topics.deltas, part)
+            dend = int(consumer.end_offsets([dtp])[dtp])
+            for msg in _read(consumer, dtp, int(consumer.beginning_offsets([dtp])[dtp]), dend):
+                try:
+                    record = decode(msg.value or b"")
+                except CodecError:
+                    continue
+                if isinstance(record, DeltaRecord) and record.namespace == namespace and record.offsets:
+                    logged.append(record)
+    finally:
+        consumer.close()
+    if not traces:
+        raise CombeeError(f"no traces of {namespace!r} in {topics.traces}[{part}] from offset {first} to {end - 1}")
+    size = batch_size or settings.bs_default
+    plan = _cut(traces, logged, size, namespace, part)
+    source = f"replay:{namespace}:p{part}"
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **security)
+    try:
+        for offsets, seed_key in plan:
+            env = WindowEnvelope(
+                window_id=window_id(into, source, offsets[0], offsets[-1]),
+                namespace=into,
+                source=source,
+                first_offset=offsets[0],
+                last_offset=offsets[-1],
+                offsets=tuple(offsets),
+                seed_key=seed_key,
+                closed_by="replay",
+                traces=tuple(traces[o].model_copy(update={"namespace": into}) for o in offsets),
+                closed_at=time.time(),
+            )
+            producer.send(topics.windows, key=into.encode(), value=encode(env))
+        producer.flush(60)
+    finally:
+        producer.close()
+    return ReplayReport(
+        partition=part,
+        first_offset=first,
+        end_offset=end,
+        traces=len(traces),
+        windows=len(plan),
+        windows_from_log=sum(1 for _, key in plan if not key.startswith("fresh:")),
+    )
+
+
+def _cut(
+    traces: dict[int, Trace], logged: list[DeltaRecord], size: int, namespace: str, part: int
+) -> list[tuple[list[int], str]]:
+    """Window boundaries in offset order: the logged ones (in log order) that lie within the replayed range,
+    then fresh windows of ``size`` for the traces no logged window covered."""
+    plan: list[tuple[list[int], str]] = []
+    covered: set[int] = set()
+    for record in sorted(logged, key=lambda r: r.version):
+        offsets = [o for o in record.offsets if o in traces and o not in covered]
+        if offsets and len(offsets) == len(record.offsets):
+            plan.append((offsets, record.seed_key or record.window_id))
+            covered.update(offsets)
+    rest = sorted(o for o in traces if o not in covered)
+    for i in range(0, len(rest), size):
+        chunk = rest[i : i + size]
+        plan.append((chunk, "fresh:" + window_id(namespace, f"p{part}", chunk[0], chunk[-1])))
+    return plan

@@ -1,0 +1,63 @@
+"""In-order acknowledgement of Faust events whose processing finishes out of order.
+
+Faust commits the highest *contiguous* acked offset of a partition, but on a partition with no committed
+offset yet it would commit past un-acked earlier events. Stages here finish events out of order (a window
+holds its traces until it is delivered; a curate call can overtake another), so every event is registered on
+arrival and acked to Faust only when it and every earlier event of its partition are done: a commit never
+skips an unfinished record, whatever Faust does with gaps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OrderedAcks"]
+
+
+@dataclass
+class _Pending:
+    offset: int
+    stream: Any
+    event: Any
+    done: bool = False
+
+
+@dataclass
+class OrderedAcks:
+    _queues: dict[tuple[str, int], deque[_Pending]] = field(default_factory=dict)
+    _by_key: dict[tuple[str, int, int], _Pending] = field(default_factory=dict)
+    acked: int = 0
+
+    def add(self, stream: Any, event: Any) -> None:
+        msg = event.message
+        key = (msg.topic, msg.partition, msg.offset)
+        if key in self._by_key:
+            return
+        entry = _Pending(msg.offset, stream, event)
+        self._queues.setdefault((msg.topic, msg.partition), deque()).append(entry)
+        self._by_key[key] = entry
+
+    async def done(self, event: Any) -> None:
+        """Mark ``event`` processed; ack it and every finished event before it in its partition."""
+        msg = event.message
+        entry = self._by_key.get((msg.topic, msg.partition, msg.offset))
+        if entry is None:
+            return
+        entry.done = True
+        queue = self._queues[(msg.topic, msg.partition)]
+        while queue and queue[0].done:
+            head = queue.popleft()
+            del self._by_key[(msg.topic, msg.partition, head.offset)]
+            await head.stream.ack(head.event)
+            self.acked += 1
+
+    def pending(self) -> int:
+        return len(self._by_key)
+
+    def forget(self, topic: str, partition: int) -> None:
+        """Drop everything of a revoked partition (its new owner re-reads it from the last commit)."""
+        queue = self._queues.pop((topic, partition), deque())
+        for entry in queue:
+            self._by_key.pop((topic, partition, entry.offset), None)

@@ -1,0 +1,220 @@
+"""The Faust app: topics, agents and lifecycle. Thin wiring: decode → call the stage → ack.
+
+Roles: ``learner`` runs the window, map and combine stages (co-partitioned by namespace, one owner per
+namespace) and ``curate`` runs the curate workers. ``combee worker`` runs both by default; more curate
+capacity is more ``combee worker --role curate`` processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import faust
+
+from combee.llm import LLM
+from combee.settings import Settings
+from combee.windowing import MapState, WindowPolicy
+from streams.codec import decode
+from streams.envelopes import Snapshot
+from streams.topics import MAX_MESSAGE_BYTES, Topics
+from workers.combine import handle_partial
+from workers.context import Learner, LearnerConfig
+from workers.curate import handle_group
+from workers.mapper import handle_window
+from workers.state import ChangelogTable, KafkaIO
+from workers.status import idle, status_of
+from workers.window import closer_loop, handle_trace
+
+__all__ = ["ROLES", "create_app"]
+
+log = logging.getLogger("combee.worker")
+ROLES = ("learner", "curate")
+
+
+def _map_state_decode(raw: bytes) -> MapState:
+    import json
+
+    obj = json.loads(raw)
+    return MapState(
+        next_seq=obj["next_seq"],
+        marks=tuple((s, o) for s, o in obj["marks"]),
+        recent=tuple((w, q, f) for w, q, f in obj["recent"]),
+    )
+
+
+def _map_state_encode(state: MapState) -> bytes:
+    import json
+
+    return json.dumps(
+        {"next_seq": state.next_seq, "marks": list(state.marks), "recent": list(state.recent)}, separators=(",", ":")
+    ).encode()
+
+
+def _snapshot_decode(raw: bytes) -> Snapshot:
+    env = decode(raw)
+    if not isinstance(env, Snapshot):
+        raise ValueError("not a snapshot")
+    return env
+
+
+def _snapshot_encode(snap: Snapshot) -> bytes:
+    return snap.model_dump_json(by_alias=True).encode()
+
+
+def create_app(
+    settings: Settings,
+    *,
+    roles: Iterable[str] = ROLES,
+    llm: LLM,
+    store: Any,
+    publisher: Any,
+    method: Any,
+    until_idle_s: float | None = None,
+    faust_kwargs: dict[str, Any] | None = None,
+    consumer_kwargs: dict[str, Any] | None = None,
+) -> tuple[faust.App, Learner]:
+    """Build the app and the shared learner context (nothing connects until the worker starts)."""
+    roles = set(roles)
+    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    app = faust.App(
+        f"{settings.topic_prefix}-worker",
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        web_bind="127.0.0.1",
+        web_host="127.0.0.1",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=1,
+        topic_allow_declare=True,  # Faust creates its own internal topics; ours exist already (ensure_topics)
+        producer_acks=-1,
+        producer_max_request_size=MAX_MESSAGE_BYTES,
+        consumer_max_fetch_size=2 * MAX_MESSAGE_BYTES,
+        consumer_auto_offset_reset="earliest",
+        stream_wait_empty=False,
+        broker_commit_interval=1.0,
+        broker_commit_every=200,
+        value_serializer="raw",
+        key_serializer="raw",
+        **(faust_kwargs or {}),
+    )
+
+    async def send(topic: str, key: bytes, value: bytes, partition: int) -> tuple[int, int]:
+        md = await app.producer.send_and_wait(topic, key, value, partition, None, None)
+        return md.partition, md.offset
+
+    io = KafkaIO(send, settings.kafka_bootstrap, consumer_kwargs)
+    config = LearnerConfig(
+        topics=topics,
+        method=method,
+        policy=WindowPolicy(
+            max_inflight=settings.max_inflight_windows,
+            max_wait_s=settings.max_wait_s,
+            bs_min=settings.bs_min,
+            bs_max=settings.bs_max,
+        ),
+        bs_candidates=settings.bs_candidates,
+        bs_default=settings.bs_default,
+        curate_concurrency=settings.curate_concurrency,
+    )
+    ctx = Learner(
+        config=config,
+        io=io,
+        llm=llm,
+        publisher=publisher,
+        store=store,
+        map_table=ChangelogTable(io, topics.mapstate, topics.partitions, _map_state_decode, _map_state_encode),
+        snapshots=ChangelogTable(io, topics.playbooks, topics.partitions, _snapshot_decode, _snapshot_encode),
+    )
+
+    def topic(name: str) -> Any:
+        return app.topic(name, key_serializer="raw", value_serializer="raw", internal=False)
+
+    if "learner" in roles:
+
+        @app.agent(topic(topics.traces), name="combee-window")
+        async def window_stage(stream: Any) -> None:
+            s = stream.noack()
+            async for event in s.events():
+                await handle_trace(ctx, s, event)
+
+        @app.agent(topic(topics.windows), name="combee-map")
+        async def map_stage(stream: Any) -> None:
+            s = stream.noack()
+            async for event in s.events():
+                await handle_window(ctx, s, event)
+
+        @app.agent(topic(topics.partials), name="combee-combine")
+        async def combine_stage(stream: Any) -> None:
+            s = stream.noack()
+            async for event in s.events():
+                await handle_partial(ctx, s, event)
+
+        @app.task
+        async def window_closer() -> None:
+            await closer_loop(ctx)
+
+        @app.task
+        async def status_reporter() -> None:
+            while True:
+                await asyncio.sleep(2.0)
+                for rt in list(ctx.runtimes.values()):
+                    try:
+                        await store.set_status(rt.namespace, status_of(ctx, rt))
+                    except Exception as exc:  # Redis down: status is best effort, learning goes on
+                        log.debug("status for %s not written: %s", rt.namespace, exc)
+
+    if "curate" in roles:
+        gate = asyncio.Semaphore(settings.curate_concurrency)
+
+        @app.agent(topic(topics.groups), name="combee-curate")
+        async def curate_stage(stream: Any) -> None:
+            s = stream.noack()
+            async for event in s.events():
+                await handle_group(ctx, s, event, gate)
+
+    @app.task
+    async def prompt_publisher() -> None:
+        await publisher.run()
+
+    if until_idle_s is not None:
+
+        @app.task
+        async def idle_monitor() -> None:
+            started = time.monotonic()
+            while True:
+                await asyncio.sleep(0.5)
+                if time.monotonic() - started > until_idle_s and idle(ctx, until_idle_s):
+                    log.info("idle for %.1fs with nothing in flight: stopping (--until-idle)", until_idle_s)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        _forget(ctx, revoked)
+
+    return app, ctx
+
+
+def _forget(ctx: Learner, revoked: Iterable[Any]) -> None:
+    """Drop in-memory state of revoked partitions; their new owner rebuilds it from Kafka."""
+    topics = ctx.topics
+    for tp in revoked:
+        ctx.acks.forget(tp.topic, tp.partition)
+        if tp.topic == topics.traces:
+            for rt in ctx.runtimes.values():
+                rt.buffers.pop(tp.partition, None)
+        if tp.topic == topics.partials:
+            ctx.snapshots.forget(tp.partition)
+            ctx.map_table.forget(tp.partition)
+            ctx.ready_partitions.discard(tp.partition)
+            for ns, rt in list(ctx.runtimes.items()):
+                if rt.partition == tp.partition:
+                    if rt.mapper is not None:
+                        rt.mapper.cancel()
+                    del ctx.runtimes[ns]

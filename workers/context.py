@@ -1,0 +1,134 @@
+"""The shared context of a worker's stages: configuration, Kafka I/O, tables, LLM, prompt publisher."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from combee.controller import BatchSizeController
+from combee.engine import MethodConfig
+from combee.errors import LLMRateLimited, LLMUnavailable
+from combee.llm import LLM
+from combee.windowing import MapState, WindowPolicy
+from streams.codec import dead_letter, encode
+from streams.envelopes import Envelope, Snapshot
+from streams.topics import Topics
+from workers.acks import OrderedAcks
+from workers.runtime import NamespaceRuntime
+from workers.state import ChangelogTable, KafkaIO, partition_for
+
+__all__ = ["Learner", "LearnerConfig"]
+
+log = logging.getLogger("combee.worker")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    topics: Topics
+    method: MethodConfig
+    policy: WindowPolicy
+    bs_candidates: tuple[int, ...] = (16, 32, 64)
+    bs_default: int = 32
+    curate_concurrency: int = 8
+    window_max_bytes: int = 6 * 1024 * 1024
+    buffer_limit: int = 4096  # traces buffered per namespace before the window stage stops pulling
+    retry_max_s: float = 30.0
+
+
+@dataclass
+class Learner:
+    """Everything the stages share. One per worker process."""
+
+    config: LearnerConfig
+    io: KafkaIO
+    llm: LLM
+    publisher: Any  # streams.redis_store.LatestVersionPublisher
+    store: Any  # streams.redis_store.RedisPromptStore
+    map_table: ChangelogTable[MapState]
+    snapshots: ChangelogTable[Snapshot]
+    acks: OrderedAcks = field(default_factory=OrderedAcks)
+    runtimes: dict[str, NamespaceRuntime] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    last_activity: float = field(default_factory=time.monotonic)
+    in_flight_tasks: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+    tasks: set[asyncio.Future[Any]] = field(default_factory=set)
+    ready_partitions: set[int] = field(default_factory=set)
+    partition_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Run ``coro`` in the background, keeping a reference until it finishes."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    @property
+    def topics(self) -> Topics:
+        return self.config.topics
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def home_partition(self, namespace: str) -> int:
+        return partition_for(namespace.encode("utf-8"), self.topics.partitions)
+
+    def runtime(self, namespace: str) -> NamespaceRuntime:
+        rt = self.runtimes.get(namespace)
+        if rt is None:
+            cfg = self.config
+            rt = NamespaceRuntime(
+                namespace=namespace,
+                partition=self.home_partition(namespace),
+                controller=BatchSizeController(
+                    candidates=cfg.bs_candidates,
+                    bs_min=cfg.policy.bs_min,
+                    bs_max=cfg.policy.bs_max,
+                    default=cfg.bs_default,
+                ),
+            )
+            self.runtimes[namespace] = rt
+        return rt
+
+    async def send(self, topic: str, key: str, envelope: Envelope, partition: int | None = None) -> int:
+        """Send an envelope and wait for the broker's ack; keyed by ``key`` (namespace unless stated)."""
+        kb = key.encode("utf-8")
+        part = partition if partition is not None else partition_for(kb, self.topics.partitions)
+        return await self.io.send(topic, kb, encode(envelope), part)
+
+    async def dead_letter(self, stage: str, reason: str, message: Any) -> None:
+        record = dead_letter(
+            stage=stage,
+            reason=reason,
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            value=message.value,
+        )
+        await self.io.send(self.topics.deadletter, message.key or b"", encode(record), 0)
+        log.warning("dead-lettered %s[%d]@%d (%s): %s", message.topic, message.partition, message.offset, stage, reason)
+
+    async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run an LLM-bound step until it succeeds: an endpoint outage makes work wait, never drop.
+
+        LLMUnavailable / LLMRateLimited back off exponentially (with jitter, capped at ``retry_max_s``, at least
+        the server's Retry-After hint) and try again; any other exception propagates.
+        """
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except (LLMUnavailable, LLMRateLimited) as exc:
+                attempt += 1
+                hint = getattr(exc, "retry_after_s", None) or 0.0
+                delay = max(hint, self.rng.uniform(0, min(self.config.retry_max_s, 0.5 * 2**attempt)))
+                log.warning("%s: LLM endpoint unavailable (%s); retrying in %.1fs", what, exc, delay)
+                self.touch()
+                await asyncio.sleep(delay)

@@ -1,0 +1,162 @@
+"""Map stage: windows in; reflections, tags, shuffle and group plan out (to the curate workers and combiner).
+
+Acceptance (dedup and sequence numbers) is decided by :func:`combee.windowing.accept_window` and recorded in
+the map-state table before any LLM work. Each namespace's windows are then mapped in order by one task,
+which waits until at most ``max_inflight - 1`` earlier windows are unapplied (bounded staleness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from combee.engine import Meter, reflect
+from combee.models import Playbook
+from combee.playbook import count_tags
+from combee.scan import tree_shape
+from combee.windowing import Acceptance, MapState
+from streams.codec import CodecError, decode
+from streams.envelopes import GroupTask, WindowEnvelope, WindowPlan
+from workers.context import Learner
+from workers.runtime import NamespaceRuntime
+
+__all__ = ["handle_window"]
+
+log = logging.getLogger("combee.worker.map")
+
+
+async def handle_window(ctx: Learner, stream: Any, event: Any) -> None:
+    msg = event.message
+    ctx.acks.add(stream, event)
+    ctx.touch()
+    try:
+        env = decode(msg.value or b"")
+        if not isinstance(env, WindowEnvelope):
+            raise CodecError(f"expected a window envelope, got {env.schema_}")
+    except CodecError as exc:
+        await ctx.dead_letter("map", exc.reason, msg)
+        await ctx.acks.done(event)
+        return
+    rt = ctx.runtime(env.namespace)
+    await ctx.map_table.recover(msg.partition)
+    await ctx.snapshots.recover(msg.partition)
+    state = ctx.map_table.get(env.namespace) or MapState()
+    acc = accept_window(state, env)
+    if acc.duplicate:
+        log.info("window %s already windowed (%d traces); dropped", env.window_id, acc.stripped)
+        await ctx.acks.done(event)
+        return
+    if acc.state != state:
+        await ctx.map_table.put(env.namespace, acc.state)
+    rt.closed_pending = max(0, rt.closed_pending - 1)
+    rt.accepted_seq = max(rt.accepted_seq, acc.seq)
+    rt.map_queue.put_nowait((acc, env, event))
+    if rt.mapper is None or rt.mapper.done():
+        rt.mapper = ctx.spawn(_mapper(ctx, rt))  # type: ignore[assignment]
+
+
+def accept_window(state: MapState, env: WindowEnvelope) -> Acceptance:
+    from combee.windowing import accept_window as accept
+
+    return accept(state, env.namespace, env.source, env.offsets, env.traces)
+
+
+async def _wait_turn(ctx: Learner, rt: NamespaceRuntime, seq: int) -> Playbook:
+    """Wait until window ``seq`` may be mapped; return the playbook version it is computed against."""
+    limit = ctx.config.policy.max_inflight
+    async with rt.applied:
+        while True:
+            snap = ctx.snapshots.get(rt.namespace)
+            applied = snap.next_seq if snap is not None else 0
+            if seq - applied < limit:
+                return snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
+            await rt.applied.wait()
+
+
+MAX_UNEXPECTED_FAILURES = 5
+
+
+async def _mapper(ctx: Learner, rt: NamespaceRuntime) -> None:
+    while not rt.map_queue.empty():
+        acc, env, event = rt.map_queue.get_nowait()
+        rt.mapping = True
+        for failure in range(1, MAX_UNEXPECTED_FAILURES + 1):
+            try:
+                await _map_one(ctx, rt, acc, env)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # not an LLM outage (those wait inside): a bug or bad data
+                log.exception("mapping window %s failed (%d/%d)", acc.window_id, failure, MAX_UNEXPECTED_FAILURES)
+                if failure == MAX_UNEXPECTED_FAILURES:
+                    # Give up on its content but keep the namespace moving: an empty plan applies as a no-op
+                    # version, and the window goes to the dead-letter topic with the reason.
+                    await ctx.dead_letter("map", f"window could not be mapped: {exc!r}"[:400], event.message)
+                    await _map_one(ctx, rt, acc, env, give_up=True)
+                else:
+                    await asyncio.sleep(min(30.0, 2.0**failure))
+        rt.mapping = False
+        await ctx.acks.done(event)
+
+
+async def _map_one(
+    ctx: Learner, rt: NamespaceRuntime, acc: Acceptance, env: WindowEnvelope, give_up: bool = False
+) -> None:
+    snap = ctx.snapshots.get(rt.namespace)
+    if snap is not None and acc.window_id in snap.applied:
+        return  # already applied before a restart: nothing to redo
+    playbook = await _wait_turn(ctx, rt, acc.seq)
+    method = ctx.config.method
+    started = time.time()
+
+    async def reflect_all() -> tuple[list[Any], Meter, float]:
+        meter = Meter()
+        outcomes = await asyncio.gather(
+            *(reflect(t, playbook, ctx.llm, meter=meter, attempts=method.parse_attempts) for t in acc.traces)
+        )
+        return [o.value for o in outcomes if o.value is not None], meter, max(o.service_s for o in outcomes)
+
+    if give_up:
+        reflections: list[Any] = []
+        meter, map_s = Meter(), 0.0
+    else:
+        reflections, meter, map_s = await ctx.retrying(f"map {acc.window_id}", reflect_all)
+    plan = method.plan(len(reflections), env.seed_key) if reflections else None
+    groups = plan.groups.groups if plan else ()
+    for index, members in enumerate(groups):
+        task = GroupTask(
+            window_id=acc.window_id,
+            namespace=rt.namespace,
+            seq=acc.seq,
+            index=index,
+            playbook=playbook,
+            reflections=tuple(reflections[i] for i in members),
+        )
+        await ctx.send(ctx.topics.groups, f"{acc.window_id}/{index}", task)
+    window_plan = WindowPlan(
+        window_id=acc.window_id,
+        namespace=rt.namespace,
+        seq=acc.seq,
+        source=env.source,
+        first_offset=acc.first_offset,
+        last_offset=acc.last_offset,
+        offsets=acc.offsets,
+        seed_key=env.seed_key,
+        trace_count=len(acc.traces),
+        reflections=len(reflections),
+        base_version=playbook.version,
+        groups=len(groups),
+        tree=tree_shape(plan.tree) if plan else (),
+        tag_counts=count_tags(reflections),
+        closed_at=env.closed_at,
+        mapped_at=time.time(),
+        map_service_s=map_s,
+        skipped_traces=meter.skipped_traces,
+    )
+    await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)
+    log.info(
+        "mapped window %s (seq %d, v%d): %d reflections -> %d groups in %.2fs",
+        acc.window_id, acc.seq, playbook.version, len(reflections), len(groups), time.time() - started,
+    )  # fmt: skip

@@ -1,0 +1,85 @@
+"""What one worker process knows about each namespace it owns, and the shared context of its stages.
+
+The window stage, the map stage and the combiner of a namespace run in the same process (their topics are
+co-partitioned by namespace), so they share this in-memory view; anything that must survive a crash lives
+in Kafka (tables, the deltas log). Nothing here decides anything: the policies are in :mod:`combee`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from combee.controller import BatchSizeController, ControllerDecision
+from combee.models import Playbook, Trace
+from combee.scan import ReduceTracker
+from streams.envelopes import WindowPlan
+
+__all__ = ["Buffered", "NamespaceRuntime", "OpenWindow"]
+
+
+@dataclass
+class Buffered:
+    offset: int
+    trace: Trace
+    event: Any
+    size: int
+    received_at: float
+
+
+@dataclass
+class OpenWindow:
+    """A window the combiner knows of but has not applied: its plan (once arrived), partials and held events."""
+
+    window_id: str
+    plan: WindowPlan | None = None
+    tracker: ReduceTracker | None = None
+    early: list[tuple[int, int, tuple[Any, ...]]] = field(default_factory=list)  # partials before the plan
+    events: list[Any] = field(default_factory=list)
+    service: dict[tuple[int, int], float] = field(default_factory=dict)  # node -> service seconds
+
+
+@dataclass
+class NamespaceRuntime:
+    namespace: str
+    partition: int
+    controller: BatchSizeController
+    # window stage (per source partition buffers: traces may arrive on any partition)
+    buffers: dict[int, list[Buffered]] = field(default_factory=dict)
+    closed_pending: int = 0  # windows closed here and not yet accepted by the map stage
+    arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=512))
+    decision: ControllerDecision | None = None
+    # map stage
+    map_queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    mapper: asyncio.Task[None] | None = None
+    accepted_seq: int = -1
+    mapping: bool = False
+    # combiner
+    windows: dict[str, OpenWindow] = field(default_factory=dict)
+    by_seq: dict[int, str] = field(default_factory=dict)
+    playbooks: dict[int, Playbook] = field(default_factory=dict)  # recent versions, for stale merges
+    applied: asyncio.Condition = field(default_factory=asyncio.Condition)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed_at: dict[str, float] = field(default_factory=dict)
+    # counters (status)
+    traces_seen: int = 0
+    dead_lettered: int = 0
+    windows_closed: int = 0
+    windows_applied: int = 0
+    last_applied_at: float | None = None
+    latencies: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))
+
+    def buffered(self) -> int:
+        return sum(len(b) for b in self.buffers.values())
+
+    def arrival_rate(self, now: float | None = None, horizon_s: float = 60.0) -> float:
+        """Traces per second over the last ``horizon_s`` seconds (0 when idle)."""
+        now = time.monotonic() if now is None else now
+        recent = [t for t in self.arrivals if now - t <= horizon_s]
+        if len(recent) < 2:
+            return 0.0
+        span = max(now - recent[0], 1e-3)
+        return len(recent) / span

@@ -1,0 +1,65 @@
+"""What a worker reports about each namespace it owns (``combee status``), and when it is idle."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+from workers.context import Learner
+from workers.runtime import NamespaceRuntime
+from workers.window import in_flight
+
+__all__ = ["idle", "status_of"]
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
+
+
+def status_of(ctx: Learner, rt: NamespaceRuntime) -> dict[str, Any]:
+    snap = ctx.snapshots.get(rt.namespace)
+    decision = rt.decision
+    trial = rt.controller.next_trial()
+    lat = [a for a, _ in rt.latencies]
+    return {
+        "namespace": rt.namespace,
+        "version": snap.playbook.version if snap is not None else 0,
+        "bullets": len(snap.playbook.bullets) if snap is not None else 0,
+        "windows_applied_total": snap.next_seq if snap is not None else 0,
+        "traces_seen": rt.traces_seen,
+        "buffered": rt.buffered(),
+        "windows_in_flight": in_flight(ctx, rt),
+        "arrival_rate_per_s": round(rt.arrival_rate(), 3),
+        "controller": {
+            "profiling": trial is not None,
+            "next_trial": trial,
+            "batch_size": decision.batch_size if decision is not None else None,
+            "why": decision.explain() if decision is not None else "profiling candidate sizes",
+            "observations": [list(o) for o in rt.controller.observations[-8:]],
+        },
+        "latency_close_to_applied_s": {"p50": _quantile(lat, 0.5), "p95": _quantile(lat, 0.95), "n": len(lat)},
+        "last_applied_at": rt.last_applied_at,
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+        "updated_at": time.time(),
+    }
+
+
+def idle(ctx: Learner, quiet_s: float) -> bool:
+    """Nothing buffered, queued, open or in flight, nothing to publish, and no record for ``quiet_s``."""
+    if time.monotonic() - ctx.last_activity < quiet_s:
+        return False
+    if ctx.in_flight_tasks or any(not t.done() for t in ctx.tasks):
+        return False
+    if getattr(ctx.publisher, "pending", 0):
+        return False
+    for rt in ctx.runtimes.values():
+        if rt.buffered() or not rt.map_queue.empty() or rt.mapping or rt.windows or rt.closed_pending:
+            return False
+    return True

@@ -1,0 +1,135 @@
+"""Window stage: traces in, windows out. Decode → buffer per namespace → close by policy → send.
+
+A trace's offset is acknowledged only after the window holding it has been written to the windows topic
+(acks=all), so a crash loses no trace; re-formed overlapping windows are resolved by the map stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from combee.plan import window_id
+from combee.windowing import close_size
+from streams.codec import CodecError, decode_trace
+from streams.envelopes import WindowEnvelope
+from workers.context import Learner
+from workers.runtime import Buffered, NamespaceRuntime
+
+__all__ = ["close_due_windows", "closer_loop", "handle_trace"]
+
+log = logging.getLogger("combee.worker.window")
+
+
+async def handle_trace(ctx: Learner, stream: Any, event: Any) -> None:
+    """One record of the traces topic: dead-letter it, forward it to its namespace's partition, or buffer it."""
+    msg = event.message
+    ctx.acks.add(stream, event)
+    ctx.touch()
+    try:
+        trace = decode_trace(msg.value, msg.key)
+    except CodecError as exc:
+        await ctx.dead_letter("window", exc.reason, msg)
+        await ctx.acks.done(event)
+        return
+    rt = ctx.runtime(trace.namespace)
+    if msg.partition != rt.partition:
+        # Keyed by something other than the namespace: move it to the namespace's partition, where the
+        # namespace's window, map and combine stages live (one owner per namespace).
+        await ctx.io.send(ctx.topics.traces, trace.namespace.encode(), msg.value, rt.partition)
+        await ctx.acks.done(event)
+        return
+    rt.traces_seen += 1
+    rt.arrivals.append(time.monotonic())
+    rt.buffers.setdefault(msg.partition, []).append(
+        Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic())
+    )
+    ctx.wake.set()
+    # Backpressure: stop pulling while the buffer is full; windows drain it from other tasks.
+    while rt.buffered() >= ctx.config.buffer_limit:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+
+
+def _target(ctx: Learner, rt: NamespaceRuntime) -> int:
+    trial = rt.controller.next_trial()
+    if trial is not None:
+        return trial  # profiling: the first windows are trial iterations at the candidate sizes (real steps)
+    rt.decision = rt.controller.decide(arrival_rate=rt.arrival_rate())
+    return rt.decision.batch_size
+
+
+def in_flight(ctx: Learner, rt: NamespaceRuntime) -> int:
+    snap = ctx.snapshots.get(rt.namespace)
+    applied = snap.next_seq if snap is not None else 0
+    return rt.closed_pending + max(0, rt.accepted_seq + 1 - applied)
+
+
+async def close_due_windows(ctx: Learner, now: float | None = None) -> int:
+    """Close every window that the policy says is due; returns how many were closed."""
+    now = time.monotonic() if now is None else now
+    closed = 0
+    for rt in list(ctx.runtimes.values()):
+        for source_partition, buf in list(rt.buffers.items()):
+            if not buf:
+                continue
+            decision = close_size(
+                ctx.config.policy,
+                buffered=len(buf),
+                oldest_age_s=now - buf[0].received_at,
+                in_flight=in_flight(ctx, rt),
+                target=_target(ctx, rt),
+            )
+            if decision is None:
+                continue
+            size, why = decision
+            take, total = 0, 0
+            while take < size and (take == 0 or total + buf[take].size <= ctx.config.window_max_bytes):
+                total += buf[take].size
+                take += 1
+            await _close(ctx, rt, source_partition, buf[:take], why)
+            del buf[:take]
+            closed += 1
+    return closed
+
+
+async def _close(ctx: Learner, rt: NamespaceRuntime, source_partition: int, items: list[Buffered], why: str) -> None:
+    source = f"p{source_partition}"
+    wid = window_id(rt.namespace, source, items[0].offset, items[-1].offset)
+    closed_at = time.time()
+    envelope = WindowEnvelope(
+        window_id=wid,
+        namespace=rt.namespace,
+        source=source,
+        first_offset=items[0].offset,
+        last_offset=items[-1].offset,
+        offsets=tuple(b.offset for b in items),
+        seed_key=wid,
+        closed_by=why,
+        traces=tuple(b.trace for b in items),
+        closed_at=closed_at,
+    )
+    await ctx.send(ctx.topics.windows, rt.namespace, envelope, rt.partition)
+    rt.closed_pending += 1
+    rt.windows_closed += 1
+    rt.closed_at[wid] = time.monotonic()
+    for b in items:
+        await ctx.acks.done(b.event)
+    log.info("closed window %s: %d traces (%s)", wid, len(items), why)
+
+
+async def closer_loop(ctx: Learner, tick_s: float = 0.1) -> None:
+    """Background task: close due windows when woken (new trace, window applied) or every ``tick_s``."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.wake.wait(), timeout=tick_s)
+        ctx.wake.clear()
+        try:
+            await close_due_windows(ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("window closer failed; retrying")
+            await asyncio.sleep(1.0)
