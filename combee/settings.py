@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     bs_default: int = Field(default=32, ge=1)
     bs_candidates: tuple[int, ...] = (16, 32, 64)
     curate_concurrency: int = Field(default=8, ge=1)
+    # How fast a dead worker's partitions move to a live one (Kafka's group session timeout).
+    kafka_session_timeout_s: float = Field(default=10.0, ge=6.0)
     worker_web_port: int = Field(default=6066, ge=0)
     state_dir: Path = Path("var/dev")
 

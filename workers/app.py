@@ -98,6 +98,8 @@ def create_app(
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
         broker_commit_interval=1.0,
+        broker_session_timeout=settings.kafka_session_timeout_s,
+        broker_heartbeat_interval=max(1.0, settings.kafka_session_timeout_s / 5),
         broker_commit_every=200,
         value_serializer="raw",
         key_serializer="raw",

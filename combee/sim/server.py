@@ -517,6 +517,9 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     state.in_flight += 1
     try:
         response = await _Completion(state, request, state.counter).run()
+    except ConnectionResetError:  # the client went away mid-request (e.g. a killed worker): nobody to answer
+        state.by_status["client_gone"] += 1
+        raise
     except Exception:
         log.exception("simulator failed on a request")
         response = _error(500, "internal simulator error (see the simulator's log)", "server_error")
