@@ -221,7 +221,8 @@ class Pipeline:
         try:
             wait_until(done, timeout_s, f"all traces learned {expected}", poll_s=1.0)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- worker log ---\n{self.workers[-1].tail() if self.workers else ''}")
+            tail = self.workers[-1].tail() if self.workers else ''
+            raise AssertionError(f"{exc}\n--- worker log ---\n{tail}") from None
 
 
 def check_prompt_matches(pipe: Pipeline, namespace: str, version: int, prompt: str) -> None:
