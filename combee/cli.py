@@ -493,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-size", type=_batch_size, default=50)
     d.add_argument("--time-scale", type=float, default=0.02)
     d.add_argument("--out", type=Path, default=Path("var/demo"))
+    d.add_argument("--rate", type=float, default=80.0, help="traces per second the SIMULATED fleet publishes")
     d.add_argument("--offline", action="store_true", help="learn in-process only (no Kafka/Redis)")
     d.add_argument("--timeout", type=float, default=600.0, help="give up waiting for the workers after SECONDS")
     d.set_defaults(func=cmd_demo)

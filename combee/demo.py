@@ -95,7 +95,7 @@ def _streaming(args: argparse.Namespace) -> int:
                     stderr=subprocess.STDOUT,
                 )
                 _say(f"worker pid {worker.pid} (log: {log_path})")
-                expected = _publish(bootstrap, prefix, args.traces)
+                expected = _publish(bootstrap, prefix, args.traces, args.rate)
                 results = asyncio.run(_wait_learned(redis_url, prefix, expected, worker, timeout_s=args.timeout))
                 worker.wait(timeout=60)
                 worker = None
@@ -113,20 +113,24 @@ def _streaming(args: argparse.Namespace) -> int:
             _say(f"stopped {', '.join(started)}")
 
 
-def _publish(bootstrap: str, prefix: str, n: int) -> dict[str, int]:
+def _publish(bootstrap: str, prefix: str, n: int, rate: float) -> dict[str, int]:
+    """Publish like a fleet would: the namespaces' traces interleaved, at ``rate`` traces per second."""
     from combee.sim.world import generate_traces
     from streams.publisher import TracePublisher
     from streams.topics import Topics
 
-    expected: dict[str, int] = {}
+    sets = {ns: generate_traces(n, seed, namespace=ns, world=world)[0] for ns, world, seed in NAMESPACES}
+    _say(f"publishing {n} SIMULATED traces per namespace at {rate:g} traces/s")
+    started = time.monotonic()
     with TracePublisher(bootstrap, Topics(prefix=prefix)) as publisher:
-        for ns, world, seed in NAMESPACES:
-            traces, _, _ = generate_traces(n, seed, namespace=ns, world=world)
-            for trace in traces:
-                publisher.publish(trace)
-            expected[ns] = len(traces)
+        for i, trace in enumerate(t for group in zip(*sets.values(), strict=True) for t in group):
+            publisher.publish(trace)
+            delay = started + (i + 1) / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
         publisher.flush(30)
-    _say(f"published {sum(expected.values())} SIMULATED traces: " + ", ".join(f"{k}={v}" for k, v in expected.items()))
+    expected = {ns: len(traces) for ns, traces in sets.items()}
+    _say(f"published {sum(expected.values())} traces: " + ", ".join(f"{k}={v}" for k, v in expected.items()))
     return expected
 
 
