@@ -52,6 +52,8 @@ async def handle_window(ctx: Learner, stream: Any, event: Any) -> None:
         await ctx.map_table.put(env.namespace, acc.state)
     rt.closed_pending = max(0, rt.closed_pending - 1)
     rt.accepted_seq = max(rt.accepted_seq, acc.seq)
+    received = time.time()
+    log.debug("window %s reached the map stage %.3fs after it was written", env.window_id, received - env.closed_at)
     rt.map_queue.put_nowait((acc, env, event))
     if rt.mapper is None or rt.mapper.done():
         rt.mapper = ctx.spawn(_mapper(ctx, rt))  # type: ignore[assignment]
@@ -110,6 +112,7 @@ async def _map_one(
     playbook = await _wait_turn(ctx, rt, acc.seq)
     method = ctx.config.method
     started = time.time()
+    waited = started - env.closed_at
 
     async def reflect_all() -> tuple[list[Any], Meter, float]:
         meter = Meter()
@@ -157,6 +160,8 @@ async def _map_one(
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)
     log.info(
-        "mapped window %s (seq %d, v%d): %d reflections -> %d groups in %.2fs",
-        acc.window_id, acc.seq, playbook.version, len(reflections), len(groups), time.time() - started,
+        "mapped window %s (seq %d, v%d): %d reflections -> %d groups in %.2fs (%.2fs after closing; slowest "
+        "reflection %.2fs)",
+        acc.window_id, acc.seq, playbook.version, len(reflections), len(groups), time.time() - started, waited,
+        map_s,
     )  # fmt: skip
