@@ -541,4 +541,8 @@ def _fail(message: str, code: int) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run the package's module, not this __main__ copy, so that exception classes imported elsewhere
+    # (combee.cli.CliError in combee.cli_stream) are the ones main() catches.
+    from combee.cli import main as _main
+
+    sys.exit(_main())

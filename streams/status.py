@@ -21,8 +21,9 @@ def traces_lag(settings: Settings, topics: Topics) -> dict[int, int | None]:
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **security)
     consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, **security)
     try:
-        committed = admin.list_consumer_group_offsets(f"{settings.topic_prefix}-worker")
+        group = f"{settings.topic_prefix}-worker"
         tps = [TopicPartition(topics.traces, p) for p in range(topics.partitions)]
+        committed = admin.list_group_offsets({group: tps}).get(group, {})
         ends = consumer.end_offsets(tps)
         out: dict[int, int | None] = {}
         for tp in tps:

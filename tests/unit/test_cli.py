@@ -1,0 +1,110 @@
+"""The ``combee`` command's contract: files written, call counts, and one-line errors (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from combee.sim.config import SimConfig
+from combee.sim.runner import SimThread
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimThread]:
+    with SimThread(SimConfig(seed=1, time_scale=0.0), world="combee") as s:
+        yield s
+
+
+def combee(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {**os.environ, "COMBEE_LLM_MAX_ATTEMPTS": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "combee.cli", *args], capture_output=True, text=True, timeout=120, env=full_env
+    )
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("traces") / "t.jsonl"
+    done = combee("sim", "traces", "--n", "60", "--seed", "1", "--out", str(out), "--test-n", "20")
+    assert done.returncode == 0, done.stderr
+    assert "SIMULATED" in done.stdout
+    return out
+
+
+def test_learn_writes_outputs_and_call_counts_match_the_plan(sim: SimThread, trace_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    test_file = str(trace_file.with_name("t.test.jsonl"))
+    done = combee("learn", "--traces", str(trace_file), "--method", "combee", "--batch-size", "20", "--out", str(out),
+                  "--quiet", "--base-url", sim.base_url, "--test", test_file)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "(SIMULATED endpoint)" in done.stdout
+    m = json.loads((out / "metrics.json").read_text())
+    for key in ("method", "batch_sizes", "iterations", "wall_s", "llm_calls", "prompt_tokens", "completion_tokens",
+                "playbook_entries", "playbook_tokens", "simulated", "roles"):  # fmt: skip
+        assert key in m
+    assert m["simulated"] is True and m["batch_sizes"] == [20, 20, 20] and m["iterations"] == 3
+    # per iteration: n reflector calls, floor(sqrt(n)) = 4 group calls, one merge
+    assert [(p["reflections"], p["group_calls"], p["merge_calls"]) for p in m["per_iteration"]] == [(20, 4, 1)] * 3
+    assert m["roles"]["reflector"]["calls"] == 60 and m["roles"]["curator"]["calls"] == 12
+    assert m["llm_calls"] == 60 + 12 + 3
+    assert m["eval"]["total"] == 20
+    assert (out / "prompt.md").read_text().startswith("# Playbook · version 3")
+    assert json.loads((out / "playbook.json").read_text())["version"] == 3
+
+
+def test_missing_file_is_one_line() -> None:
+    done = combee("learn", "--traces", "/nope/t.jsonl", "--out", "/tmp/x")
+    assert done.returncode == 2
+    assert done.stderr == "combee: error: trace file not found: /nope/t.jsonl\n"
+
+
+def test_malformed_lines_are_reported_skipped_and_the_rest_learned(
+    sim: SimThread, trace_file: Path, tmp_path: Path
+) -> None:
+    lines = trace_file.read_text().splitlines()[:10]
+    lines.insert(3, '{"namespace": "demo", "task": ')
+    lines.insert(7, '{"namespace": "demo"}')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    done = combee("learn", "--traces", str(bad), "--batch-size", "5", "--out", str(tmp_path / "o"), "--quiet",
+                  "--base-url", sim.base_url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"{bad}:4: skipped: not valid JSON" in done.stderr
+    assert f"{bad}:8: skipped: invalid trace: task: Field required" in done.stderr
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["skipped_lines"] == 2
+    assert "from 10 traces" in done.stdout
+
+
+def test_unreachable_endpoint_is_one_line(trace_file: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = combee("learn", "--traces", str(trace_file), "--out", str(tmp_path / "o"), "--quiet",
+                  "--base-url", f"http://127.0.0.1:{port}/v1")  # fmt: skip
+    assert done.returncode == 3
+    assert done.stderr.startswith("combee: error: cannot use the LLM endpoint") and done.stderr.count("\n") == 1
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["learn", "--traces", "t", "--out", "o", "--batch-size", "0"], "batch size must be a positive integer"),
+        (["learn", "--traces", "t", "--out", "o", "--method", "magic"], "invalid choice: 'magic'"),
+        (["learn", "--traces", "t"], "the following arguments are required: --out"),
+        (["learn", "--traces", "t", "--out", "o", "--namespace", "a b"], "invalid namespace 'a b'"),
+        (["sim", "traces", "--n", "5", "--out", "x.jsonl", "--world", "nowhere"], "unknown world 'nowhere'"),
+    ],
+)
+def test_bad_options_are_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    done = combee(*args)
+    assert done.returncode == 2
+    assert message in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
