@@ -86,6 +86,7 @@ def create_app(
         f"{settings.topic_prefix}-worker",
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
+        datadir=str(settings.state_dir / "faust"),  # Faust's own files; not the current directory
         web_enabled=False,
         web_bind="127.0.0.1",
         web_host="127.0.0.1",
@@ -143,19 +144,22 @@ def create_app(
         async def window_stage(stream: Any) -> None:
             s = stream.noack()
             async for event in s.events():
-                await handle_trace(ctx, s, event)
+                for e in await ctx.with_backfill(event):
+                    await handle_trace(ctx, s, e)
 
         @app.agent(topic(topics.windows), name="combee-map")
         async def map_stage(stream: Any) -> None:
             s = stream.noack()
             async for event in s.events():
-                await handle_window(ctx, s, event)
+                for e in await ctx.with_backfill(event):
+                    await handle_window(ctx, s, e)
 
         @app.agent(topic(topics.partials), name="combee-combine")
         async def combine_stage(stream: Any) -> None:
             s = stream.noack()
             async for event in s.events():
-                await handle_partial(ctx, s, event)
+                for e in await ctx.with_backfill(event):
+                    await handle_partial(ctx, s, e)
 
         @app.task
         async def window_closer() -> None:
@@ -178,7 +182,8 @@ def create_app(
         async def curate_stage(stream: Any) -> None:
             s = stream.noack()
             async for event in s.events():
-                await handle_group(ctx, s, event, gate)
+                for e in await ctx.with_backfill(event):
+                    await handle_group(ctx, s, e, gate)
 
     @app.task
     async def prompt_publisher() -> None:

@@ -18,7 +18,7 @@ from combee.windowing import MapState, WindowPolicy
 from streams.codec import dead_letter, encode
 from streams.envelopes import Envelope, Snapshot
 from streams.topics import Topics
-from workers.acks import OrderedAcks
+from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
 from workers.runtime import NamespaceRuntime
 from workers.state import ChangelogTable, KafkaIO, partition_for
 
@@ -101,6 +101,24 @@ class Learner:
         kb = key.encode("utf-8")
         part = partition if partition is not None else partition_for(kb, self.topics.partitions)
         return await self.io.send(topic, kb, encode(envelope), part)
+
+    async def with_backfill(self, event: Any) -> list[Any]:
+        """``event`` preceded by any records of its partition the stream skipped, read directly from Kafka."""
+        gap = self.acks.gap(event)
+        if gap is None:
+            return [event]
+        first, last = gap
+        msg = event.message
+        log.warning(
+            "stream skipped %s[%d] offsets %d..%d; reading them directly", msg.topic, msg.partition, first, last
+        )
+        events: list[Any] = []
+        async for rec in self.io.read(msg.topic, msg.partition, first):
+            if rec.offset > last:
+                break
+            events.append(SyntheticEvent(SyntheticMessage(msg.topic, msg.partition, rec.offset, rec.key, rec.value)))
+        self.acks.backfilled += len(events)
+        return [*events, event]
 
     async def dead_letter(self, stage: str, reason: str, message: Any) -> None:
         record = dead_letter(

@@ -220,3 +220,25 @@ async def test_undecodable_records_are_dead_lettered() -> None:
     letters = [decode(m.value or b"") for m in kafka.records(ctx.topics.deadletter)]
     assert [type(x).__name__ for x in letters] == ["DeadLetter"] * 3
     assert len(stream.acked) == 3
+
+
+async def test_a_record_the_stream_skipped_is_read_directly_and_learned() -> None:
+    """faust-streaming can hand an agent offsets 0, 1, 3 and commit past 2: the stage backfills 2."""
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    part = ctx.home_partition("alpha")
+    msgs = []
+    for i in range(4):
+        offset = await kafka.send(ctx.topics.traces, b"alpha", trace("alpha", i), part)
+        msgs.append(Msg(ctx.topics.traces, part, offset, b"alpha", trace("alpha", i)))
+    delivered = [msgs[0], msgs[1], msgs[3]]  # offset 2 never reaches the agent
+    for msg in delivered:
+        for e in await ctx.with_backfill(Event(msg)):
+            await handle_trace(ctx, stream, e)
+    rt = ctx.runtime("alpha")
+    assert [b.offset for b in rt.buffers[part]] == [0, 1, 2, 3]
+    assert ctx.acks.backfilled == 1
+    await close_due_windows(ctx)
+    # the real events are acked to Faust in order; the backfilled one has nothing to ack
+    assert stream.acked == [(ctx.topics.traces, part, o) for o in (0, 1, 3)]
+    assert ctx.acks.pending() == 0
