@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from combee.errors import InvalidNamespace
 
@@ -104,8 +113,27 @@ def _no_control_chars(text: str) -> str:
     return text
 
 
+def _lesson_text(v: str) -> str:
+    v = _no_control_chars(v).strip()
+    if not v:
+        raise ValueError("content is empty")
+    return v
+
+
+def _section_slug(v: Any) -> Any:
+    return normalise_section(v) if isinstance(v, str) else v
+
+
 Namespace = Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.namespace_chars)]
 BulletId = Annotated[str, StringConstraints(pattern=r"^b\d{5,9}$")]
+# The text of a lesson (insight, bullet, ADD/UPDATE): control characters dropped, trimmed, never empty.
+LessonText = Annotated[
+    str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars), AfterValidator(_lesson_text)
+]
+# A section name, normalised to a slug before its length is checked.
+Section = Annotated[
+    str, BeforeValidator(_section_slug), StringConstraints(min_length=1, max_length=LIMITS.section_chars)
+]
 
 
 class _Frozen(BaseModel):
@@ -208,21 +236,8 @@ class BulletTag(_Frozen):
 class Insight(_Frozen):
     """A candidate lesson proposed by the reflector: where it belongs and what it says."""
 
-    section: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.section_chars)]
-    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
-
-    @field_validator("section", mode="before")
-    @classmethod
-    def _section(cls, v: Any) -> Any:
-        return normalise_section(v) if isinstance(v, str) else v
-
-    @field_validator("content")
-    @classmethod
-    def _content(cls, v: str) -> str:
-        v = _no_control_chars(v).strip()
-        if not v:
-            raise ValueError("insight content is empty")
-        return v
+    section: Section
+    content: LessonText
 
 
 class Reflection(_Frozen):
@@ -261,35 +276,14 @@ class Bullet(_Frozen):
 
 class AddOp(_Frozen):
     op: Literal["ADD"] = "ADD"
-    section: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.section_chars)]
-    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
-
-    @field_validator("section", mode="before")
-    @classmethod
-    def _section(cls, v: Any) -> Any:
-        return normalise_section(v) if isinstance(v, str) else v
-
-    @field_validator("content")
-    @classmethod
-    def _content(cls, v: str) -> str:
-        v = _no_control_chars(v).strip()
-        if not v:
-            raise ValueError("ADD content is empty")
-        return v
+    section: Section
+    content: LessonText
 
 
 class UpdateOp(_Frozen):
     op: Literal["UPDATE"] = "UPDATE"
     bullet_id: BulletId
-    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
-
-    @field_validator("content")
-    @classmethod
-    def _content(cls, v: str) -> str:
-        v = _no_control_chars(v).strip()
-        if not v:
-            raise ValueError("UPDATE content is empty")
-        return v
+    content: LessonText
 
 
 class RemoveOp(_Frozen):
