@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
+import importlib
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 import openai
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from combee.errors import LLMError, LLMRateLimited, LLMUnavailable
+from combee.errors import ConfigError, LLMError, LLMRateLimited, LLMUnavailable
 from combee.llm import ChatRequest, ChatResponse, Role, Usage
 from combee.llm_cache import ResponseCache, cache_key
 from combee.tokens import estimate_tokens
@@ -71,6 +72,9 @@ StructuredMode = Literal["json_schema", "json_object_schema", "json_object", "no
 
 StructuredOutput = Literal["auto", "json_schema", "json_object_schema", "json_object", "none"]
 
+HttpTransport = Literal["auto", "aiohttp", "httpx"]
+"""The HTTP library under the ``openai`` client: see :class:`EndpointConfig`."""
+
 # "auto" tries these in order and keeps the first the endpoint accepts.
 _FALLBACK_ORDER: tuple[StructuredMode, ...] = get_args(StructuredMode)
 
@@ -86,6 +90,40 @@ _STRUCTURED_OUTPUT_WORDS = (
     "schema",
     "structured output",
 )
+
+
+def _http_response_class() -> type[Any]:
+    """The response class of the HTTP library under the installed ``openai`` (httpx2 from openai 3, httpx before).
+
+    Passed as ``cast_to`` so the client hands back the raw HTTP response instead of parsing it.
+    """
+    for base in openai.DefaultAsyncHttpxClient.__mro__:
+        library = base.__module__.split(".")[0]
+        if library in ("httpx", "httpx2"):
+            response_class: type[Any] = importlib.import_module(library).Response
+            return response_class
+    raise ImportError("cannot tell which HTTP library the installed openai package is built on")
+
+
+_HTTP_RESPONSE = _http_response_class()
+
+
+def _http_client(transport: HttpTransport, timeout_s: float) -> Any:
+    """The ``http_client`` for ``openai.AsyncOpenAI`` (None: the client's own httpx default).
+
+    Raises :class:`~combee.errors.ConfigError` if ``aiohttp`` is asked for and the installed ``openai`` lacks it.
+    """
+    if transport == "httpx":
+        return None
+    factory = getattr(openai, "DefaultAioHttpClient", None)
+    try:
+        if factory is None:
+            raise RuntimeError("this openai version has no DefaultAioHttpClient")
+        return factory(timeout=timeout_s)
+    except RuntimeError as exc:  # the openai package without its aiohttp extra
+        if transport == "aiohttp":
+            raise ConfigError(f"http_transport='aiohttp' is not available: {exc}") from None
+        return None
 
 
 def _display_url(url: str) -> str:
@@ -113,6 +151,11 @@ class EndpointConfig(BaseModel):
     ``auto``: try them in that order, falling back when the server rejects one with 400/422, and remember
     the first that works.
 
+    ``http_transport`` picks the HTTP library under the ``openai`` client: ``aiohttp`` (the client's
+    ``DefaultAioHttpClient``; about half the client CPU per request of the default, which matters when a
+    hundred calls start at once), ``httpx`` (the client's default), or ``auto``: aiohttp when the installed
+    ``openai`` offers it, httpx otherwise. Requests, answers, errors and retries are the same either way.
+
     Costs are computed only when at least one price is set; a missing price counts as zero.
     """
 
@@ -128,6 +171,7 @@ class EndpointConfig(BaseModel):
     max_attempts: int = Field(default=6, ge=1)
     backoff_base_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
     backoff_max_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    http_transport: HttpTransport = "auto"
     price_per_1k_prompt: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     price_per_1k_completion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     cache_dir: Path | None = None
@@ -369,6 +413,7 @@ class OpenAILLM:
             base_url=config.base_url,
             max_retries=0,  # retries are ours: one policy, one set of counters, an injectable clock
             timeout=config.timeout_s,
+            http_client=_http_client(config.http_transport, config.timeout_s),
         )
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
         self._auto = config.structured_output == "auto"
@@ -473,8 +518,11 @@ class OpenAILLM:
                 if mode is not None and self._fall_back_from(mode, exc):
                     continue  # a negotiation step, not a failure: does not count against max_attempts
                 failure = self._classify_status(exc, model, mode)
-            except (openai.APITimeoutError, TimeoutError):
-                failure = _Failure("timeout", f"timed out (no answer within {self._config.timeout_s:g}s)")
+            except (openai.APITimeoutError, TimeoutError) as exc:
+                if _connection_refused(exc):  # the aiohttp transport reports a refused connect as a timeout
+                    failure = _Failure("connection", f"connection failed ({self._redact(_cause_text(exc))})")
+                else:
+                    failure = _Failure("timeout", f"timed out (no answer within {self._config.timeout_s:g}s)")
             except openai.APIConnectionError as exc:
                 failure = _Failure("connection", f"connection failed ({self._redact(_cause_text(exc))})")
             except _BadResponse as exc:
@@ -497,8 +545,13 @@ class OpenAILLM:
             self._counters.attempts += 1
             # Bounds the whole attempt; the client's own timeout is per connect/read/write phase.
             async with asyncio.timeout(self._config.timeout_s):
-                raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
-        response, estimated = _read_response(raw, model, kwargs["messages"])
+                # The client's generic POST with a raw-response cast: the same request body, status handling
+                # and errors as ``chat.completions.create``, without its per-request walk of the parameters
+                # against the SDK's typed signature and without building a pydantic ``ChatCompletion`` —
+                # together most of the client's CPU per request (see docs/benchmarks.md). The body is our
+                # own plain JSON, so that walk had nothing to change.
+                raw = await self._client.post("/chat/completions", body=kwargs, cast_to=_HTTP_RESPONSE)
+        response, estimated = _read_response(raw.headers, raw.content, model, kwargs["messages"])
         if estimated:
             self._counters.estimated_usage_responses += 1
         return response
@@ -792,6 +845,18 @@ def _mentions_structured_output(exc: openai.APIStatusError) -> bool:
     return any(word in text for word in _STRUCTURED_OUTPUT_WORDS)
 
 
+def _connection_refused(exc: BaseException) -> bool:
+    """True when a connection error (refused, reset) is somewhere in ``exc``'s cause chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConnectionError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _cause_text(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     if cause is not None and str(cause):
@@ -799,23 +864,23 @@ def _cause_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _read_response(raw: Any, model: str, messages: list[dict[str, str]]) -> tuple[ChatResponse, bool]:
-    """The answer in ``raw`` and whether its usage was estimated (the server sent none).
+def _read_response(
+    headers: Mapping[str, str], body: bytes, model: str, messages: list[dict[str, str]]
+) -> tuple[ChatResponse, bool]:
+    """The answer in a 2xx ``body`` and whether its usage was estimated (the server sent none).
 
-    Raises :class:`_BadResponse` if the body is not a chat completion.
+    Raises :class:`_BadResponse` if the body is not a chat completion (not JSON, no ``choices[0].message``).
     """
-    headers = raw.headers
     try:
-        completion = raw.parse()
-        choices = completion.choices
-        message = choices[0].message
-        content = message.content
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError, openai.APIError) as exc:
+        completion = json.loads(body)
+        message = completion["choices"][0]["message"]
+        content = message.get("content")
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
         raise _BadResponse(f"{type(exc).__name__}: {exc}"[:200]) from exc
     text = content if isinstance(content, str) else ""
 
-    served_model = getattr(completion, "model", None)
-    usage = _usage_of(getattr(completion, "usage", None))
+    served_model = completion.get("model")
+    usage = _usage_of(completion.get("usage"))
     if usage is None:
         usage = Usage(
             prompt_tokens=sum(estimate_tokens(message["content"]) for message in messages),
@@ -836,9 +901,12 @@ def _read_response(raw: Any, model: str, messages: list[dict[str, str]]) -> tupl
 
 
 def _usage_of(usage: object) -> Usage | None:
-    prompt = getattr(usage, "prompt_tokens", None)
-    completion = getattr(usage, "completion_tokens", None)
-    if isinstance(prompt, int) and isinstance(completion, int) and prompt >= 0 and completion >= 0:
+    if not isinstance(usage, Mapping):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    valid = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (prompt, completion))
+    if valid:
         return Usage(prompt_tokens=prompt, completion_tokens=completion)
     return None
 

@@ -1,0 +1,8 @@
+"""``python -m combee.bench``: run the benchmark (same options as ``combee bench``)."""
+
+import sys
+
+from combee.bench.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

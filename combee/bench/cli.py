@@ -1,0 +1,168 @@
+"""``combee bench``: the command line of the benchmark.
+
+Wire it into ``combee``'s parser with ``add_bench_command(subparsers)``; ``python -m combee.bench`` runs the
+same command on its own. With ``--out DIR`` and nothing else it runs issue #3's acceptance configuration
+(500 traces, seeds 1–3, the sweep, ``auto``); ``--scale 2000`` and ``--ablations`` add the runs beyond the
+paper; ``--quick`` is a smoke test for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_bench_command", "build_config", "main"]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = set(values) - {"naive", "combee"}
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"methods are naive and/or combee, got {text!r}")
+    return values
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the bench options to ``p``."""
+    from combee.bench.spec import BenchConfig
+
+    d = BenchConfig(out=Path("."))
+    p.add_argument("--out", type=Path, required=True, help="output directory (results.json, results.md, PNGs)")
+    p.add_argument("--quick", action="store_true", help="smoke test: 100 traces, 1 seed, batch 1 and 25, no auto")
+    g = p.add_argument_group("what to run (defaults: the acceptance configuration of issue #3)")
+    g.add_argument("--traces", type=int, help=f"traces per seed (default {d.n_traces})")
+    g.add_argument("--seeds", type=_ints, help=f"comma-separated trace-set seeds (default {_csv(d.seeds)})")
+    g.add_argument(
+        "--batch-sizes", type=_ints, help=f"fixed batch sizes (default {_csv(d.batch_sizes)}; 1 = sequential)"
+    )
+    g.add_argument("--methods", type=_methods, help="naive,combee (default both)")
+    g.add_argument("--no-auto", action="store_true", help="skip Combee with the batch-size controller")
+    g.add_argument("--no-sweep", action="store_true", help="skip the sweep (run only --ablations / --scale)")
+    g.add_argument("--ablations", action="store_true", help="add p ∈ {1,2,3} and k ∈ {√n/2, √n, 2√n} at batch 100")
+    g.add_argument(
+        "--scale", type=int, metavar="N", help="add one Combee window over N traces (and sequential on them)"
+    )
+    g.add_argument("--scale-seeds", type=_ints, help="seeds of the --scale runs (default 1)")
+    g.add_argument("--scale-time-scale", type=_non_negative, help="time scale of the --scale runs (own simulator)")
+    s = p.add_argument_group("simulator and machine")
+    s.add_argument("--time-scale", type=_non_negative, help=f"simulator delay multiplier (default {d.time_scale})")
+    s.add_argument("--base-url", help="use a running Combee simulator (its time_scale is read from it)")
+    s.add_argument("--world", help=f"simulated world (default {d.world})")
+    s.add_argument("--test-n", type=int, help=f"held-out tasks per seed (default {d.test_n})")
+    s.add_argument("--sim-seed", type=int, help=f"simulator seed (default {d.sim_seed})")
+    s.add_argument("--workers", type=int, help="worker processes of the shared phase (default: up to 8)")
+    s.add_argument(
+        "--shared-max-width", type=int, help=f"widest run allowed to share the machine (default {d.shared_max_width})"
+    )
+    return p
+
+
+def _csv(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The :class:`~combee.bench.spec.BenchConfig` the parsed options describe (explicit options win over --quick)."""
+    from combee.bench.spec import BenchConfig, quick_config
+
+    config = BenchConfig(out=args.out)
+    if args.quick:
+        config = quick_config(config)
+    overrides: dict[str, Any] = {}
+    mapping = {
+        "traces": "n_traces",
+        "seeds": "seeds",
+        "batch_sizes": "batch_sizes",
+        "methods": "methods",
+        "scale": "scale_traces",
+        "scale_seeds": "scale_seeds",
+        "scale_time_scale": "scale_time_scale",
+        "time_scale": "time_scale",
+        "base_url": "base_url",
+        "world": "world",
+        "test_n": "test_n",
+        "sim_seed": "sim_seed",
+        "workers": "workers",
+        "shared_max_width": "shared_max_width",
+    }
+    for arg, field in mapping.items():
+        value = getattr(args, arg, None)
+        if value is not None:
+            overrides[field] = value
+    if args.no_auto:
+        overrides["auto"] = False
+    if args.no_sweep:
+        overrides["sweep"] = False
+    if args.ablations:
+        overrides["ablations"] = True
+    return replace(config, **overrides)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from combee.bench.run import run_bench
+    from combee.sim.world import WORLDS
+
+    try:
+        config = build_config(args)
+    except ValueError as exc:
+        sys.stderr.write(f"combee bench: error: {exc}\n")
+        return 2
+    if config.world not in WORLDS:
+        sys.stderr.write(f"combee bench: error: unknown world {config.world!r} ({', '.join(sorted(WORLDS))})\n")
+        return 2
+    try:
+        result = run_bench(config)
+    except ValueError as exc:
+        sys.stderr.write(f"combee bench: error: {exc}\n")
+        return 2
+    doc = result.document
+    print((result.out / "results.md").read_text())
+    failed = [r["key"] for r in doc["runs"] if r.get("error")]
+    return 1 if failed else 0
+
+
+def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on ``combee``'s subparsers (``sub = parser.add_subparsers(...)``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="benchmark methods side by side on a SIMULATED trace set (results.json, table, plots)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    configure_parser(p)
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m combee.bench``: the same command without the rest of ``combee``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m combee.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    configure_parser(parser)
+    args = parser.parse_args(argv)
+    return cmd_bench(args)

@@ -1,0 +1,188 @@
+"""What a benchmark runs: its configuration and the plan of runs (pure; no I/O).
+
+A *run* is one method at one batch size on one seed's trace set: :class:`RunSpec`. :func:`plan_runs` expands
+a :class:`BenchConfig` into the runs of the sweep (sequential, naive and Combee at each batch size, Combee with
+the controller), the optional ablations (duplication factor p; number of level-1 groups) and the optional
+scale runs (one window over a large trace set, and sequential on the same traces).
+
+Runs are split into two phases by how many calls they put in flight at once (their *width*): narrow runs
+(width ≤ ``shared_max_width``, e.g. sequential with one call in flight) share the machine with each other; wide
+runs (a map stage of 50+ concurrent calls) run alone, so that their wall time measures the framework and not
+its neighbours. ``docs/benchmarks.md`` gives the measured effect of sharing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from combee.controller import BatchSizeController
+
+__all__ = [
+    "PAPER_FORMULA_NAIVE",
+    "QUICK",
+    "BenchConfig",
+    "RunKind",
+    "RunSpec",
+    "plan_runs",
+]
+
+RunKind = Literal["sweep", "ablation", "scale"]
+
+PAPER_FORMULA_NAIVE: dict[int, int] = {1: 264, 5: 199, 10: 121, 20: 97, 50: 47, 100: 21}
+"""Playbook entries after naive batching of 500 Formula traces, by batch size (paper, Figure 2)."""
+
+UNBOUNDED_GROUP = 1_000_000
+"""``max_group_items`` that never binds: the paper's k = factor·√n exactly (group-count ablation)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run. ``batch_size`` is a number or ``"auto"`` (the controller); sequential uses 1."""
+
+    method: Literal["sequential", "naive", "combee"]
+    batch_size: int | Literal["auto"]
+    seed: int
+    n_traces: int
+    kind: RunKind = "sweep"
+    p: int = 2
+    group_factor: float = 1.0
+    max_group_items: int = 24
+    max_fan_in: int = 12
+    auto_max: int = field(default_factory=lambda: BatchSizeController().bs_max)
+    time_scale: float | None = None  # None: the bench's main time scale
+
+    @property
+    def key(self) -> str:
+        """A unique, file-name-safe label, e.g. ``combee-b100-p2-g1-s1-n500``."""
+        parts = [self.method, f"b{self.batch_size}"]
+        if self.method == "combee":
+            parts += [f"p{self.p}", f"g{self.group_factor:g}"]
+            if self.max_group_items != 24:
+                parts.append(f"m{self.max_group_items}")
+            if self.max_fan_in != 12:
+                parts.append(f"f{self.max_fan_in}")
+        parts += [f"s{self.seed}", f"n{self.n_traces}"]
+        return "-".join(parts)
+
+    @property
+    def config_key(self) -> str:
+        """The run's configuration without its seed: runs with the same config_key are aggregated."""
+        return self.key.replace(f"-s{self.seed}-", "-")
+
+    @property
+    def width(self) -> int:
+        """How many calls this run can put in flight at once (its widest map stage)."""
+        if self.method == "sequential":
+            return 1
+        size = self.auto_max if self.batch_size == "auto" else self.batch_size
+        return min(size, self.n_traces)
+
+    @property
+    def cost(self) -> float:
+        """A rough relative duration (stages on the critical path), to start long runs first."""
+        if self.method == "sequential":
+            return 2.0 * self.n_traces
+        size = 64 if self.batch_size == "auto" else self.batch_size
+        iterations = math.ceil(self.n_traces / size)
+        return iterations * (2.0 if self.method == "naive" else 3.0)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything ``combee bench`` runs. Defaults are the acceptance configuration of issue #3."""
+
+    out: Path
+    n_traces: int = 500
+    seeds: tuple[int, ...] = (1, 2, 3)
+    batch_sizes: tuple[int, ...] = (1, 5, 10, 20, 50, 100)
+    methods: tuple[str, ...] = ("naive", "combee")
+    auto: bool = True
+    sweep: bool = True
+    ablations: bool = False
+    ablation_batch: int = 100
+    scale_traces: int | None = None
+    scale_seeds: tuple[int, ...] = (1,)
+    scale_time_scale: float | None = None
+    time_scale: float = 0.15
+    base_url: str | None = None
+    world: str = "formula"
+    test_n: int = 400
+    sim_seed: int = 0
+    workers: int = 0  # 0: enough for every narrow run at once (capped)
+    shared_max_width: int = 20
+    client_concurrency: int = 256
+    sim_max_concurrency: int = 256
+    eval_concurrency: int = 64
+    quick: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n_traces < 1:
+            raise ValueError("n_traces must be >= 1")
+        if not self.seeds:
+            raise ValueError("at least one seed is needed")
+        if any(b < 1 for b in self.batch_sizes):
+            raise ValueError("batch sizes must be positive")
+        unknown = set(self.methods) - {"naive", "combee"}
+        if unknown:
+            raise ValueError(f"unknown methods {sorted(unknown)}; choose among naive, combee")
+        if self.time_scale < 0 or (self.scale_time_scale is not None and self.scale_time_scale < 0):
+            raise ValueError("time scales must be >= 0")
+        if self.scale_traces is not None and self.scale_traces < 2:
+            raise ValueError("the scale run needs at least 2 traces")
+
+
+QUICK = {"n_traces": 100, "seeds": (1,), "batch_sizes": (1, 25), "auto": False, "time_scale": 0.02, "test_n": 100}
+"""Overrides of ``--quick``: a smoke test of the whole command in well under a minute."""
+
+
+def quick_config(config: BenchConfig) -> BenchConfig:
+    """``config`` with the :data:`QUICK` overrides applied."""
+    return replace(config, quick=True, **QUICK)  # type: ignore[arg-type]
+
+
+def plan_runs(config: BenchConfig) -> list[RunSpec]:
+    """Every run of ``config``, in a stable order (sweep, ablations, scale; by seed within each)."""
+    runs: list[RunSpec] = []
+    n = config.n_traces
+    if config.sweep:
+        for seed in config.seeds:
+            runs.append(RunSpec("sequential", 1, seed, n))
+            for method in config.methods:
+                for b in config.batch_sizes:
+                    if b > 1:
+                        runs.append(RunSpec(method, b, seed, n))  # type: ignore[arg-type]
+            if config.auto and "combee" in config.methods:
+                runs.append(RunSpec("combee", "auto", seed, n))
+    if config.ablations:
+        b = config.ablation_batch
+        for seed in config.seeds:
+            if not config.sweep or "combee" not in config.methods or b not in config.batch_sizes:
+                runs.append(RunSpec("combee", b, seed, n, kind="ablation"))
+            if not config.sweep:
+                runs.append(RunSpec("sequential", 1, seed, n, kind="ablation"))
+            for p in (1, 3):
+                runs.append(RunSpec("combee", b, seed, n, kind="ablation", p=p))
+            # The group-count ablation lifts the group-size bound, so that k = factor·√n is what runs (at
+            # factor 1 the bound does not bind for n ≤ 144, so the baseline above is that point).
+            for factor in (0.5, 2.0):
+                runs.append(
+                    RunSpec("combee", b, seed, n, kind="ablation", group_factor=factor, max_group_items=UNBOUNDED_GROUP)
+                )
+    if config.scale_traces is not None:
+        big = config.scale_traces
+        for seed in config.scale_seeds:
+            runs.append(RunSpec("sequential", 1, seed, big, kind="scale", time_scale=config.scale_time_scale))
+            runs.append(RunSpec("combee", big, seed, big, kind="scale", time_scale=config.scale_time_scale))
+    keys = [r.key for r in runs]
+    if len(keys) != len(set(keys)):  # pragma: no cover - a planning bug
+        raise AssertionError("duplicate runs planned")
+    return runs
+
+
+def is_shared(run: RunSpec, config: BenchConfig) -> bool:
+    """True when ``run`` is narrow enough to share the machine with other narrow runs."""
+    return run.width <= config.shared_max_width

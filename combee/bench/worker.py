@@ -1,0 +1,184 @@
+"""One benchmark training run, executed in a worker process through the real OpenAI client.
+
+:func:`train` is what the orchestrator submits to its process pool: it reads the run's trace file, learns
+with :func:`combee.learner.learn` against the simulator's HTTP endpoint (``OpenAILLM``, as ``combee learn``
+does) and returns a JSON-ready record: the learner's own wall time and critical path, calls and tokens,
+the final playbook, and the plan checks (largest level-1 group, largest merge fan-in, tree depth) recomputed
+from the plans the engine executed. Evaluation and ground-truth scoring happen later, in the orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from combee.bench.spec import RunSpec
+from combee.controller import BatchSizeController
+from combee.engine import Method, MethodConfig
+from combee.learner import LearnConfig, LearnResult, learn
+from combee.llm import LLM, ChatRequest, ChatResponse
+from combee.llm_openai import EndpointConfig, OpenAILLM
+from combee.playbook import playbook_tokens
+from combee.tracefile import read_traces
+
+__all__ = ["InFlightProbe", "plan_checks", "train"]
+
+
+class InFlightProbe:
+    """An :class:`~combee.llm.LLM` wrapper that records how many calls were in flight at most."""
+
+    def __init__(self, inner: LLM) -> None:
+        self.inner = inner
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self.inner.complete(request)
+        finally:
+            self.in_flight -= 1
+
+
+def method_config(spec: RunSpec) -> MethodConfig:
+    return MethodConfig(
+        method=Method(spec.method),
+        p=spec.p,
+        max_group_items=spec.max_group_items,
+        max_fan_in=spec.max_fan_in,
+        group_factor=spec.group_factor,
+    )
+
+
+def plan_checks(spec: RunSpec, result: LearnResult) -> dict[str, Any]:
+    """The shape of every reduce the run executed, recomputed from its (deterministic) plans.
+
+    A plan depends only on the reflection count, the method knobs and the window id, all in the iteration
+    records, so this is exactly what the engine ran. Also cross-checks the call counts against the plans.
+    """
+    config = method_config(spec)
+    groups = merges = max_items = max_reflections = max_fan_in = depth = 0
+    max_k = 0
+    for it in result.iterations:
+        if spec.method != "combee" or it.reflections == 0:
+            continue
+        plan = config.plan(it.reflections, it.window_id)
+        groups += plan.groups.k
+        merges += plan.tree.merge_calls
+        max_k = max(max_k, plan.groups.k)
+        max_items = max(max_items, *(len(g) for g in plan.groups.augmented))
+        max_reflections = max(max_reflections, *(len(g) for g in plan.groups.groups))
+        fan_ins = [len(node.children) for level in plan.tree.levels for node in level]
+        max_fan_in = max(max_fan_in, *fan_ins, 0)
+        depth = max(depth, plan.tree.depth)
+    curator_calls = sum(it.group_calls for it in result.iterations)
+    merger_calls = sum(it.merge_calls for it in result.iterations)
+    return {
+        "planned_group_calls": groups,
+        "planned_merge_calls": merges,
+        "max_level1_groups": max_k,
+        "max_group_items_seen": max_items,
+        "max_group_reflections_seen": max_reflections,
+        "max_fan_in_seen": max_fan_in,
+        "max_tree_depth": depth,
+        # retries after unparsable answers add calls; without them calls equal the plan exactly
+        "calls_cover_plan": spec.method != "combee" or (curator_calls >= groups and merger_calls >= merges),
+    }
+
+
+def _controller_doc(result: LearnResult) -> dict[str, Any] | None:
+    d = result.decision
+    if d is None:
+        return None
+    return {
+        "chosen": d.batch_size,
+        "reason": d.reason,
+        "explain": d.explain(),
+        "A": d.fit.A if d.fit else None,
+        "alpha": d.fit.alpha if d.fit else None,
+        "r2": d.fit.r2 if d.fit else None,
+        "raw": None if d.raw is None or d.raw == float("inf") else d.raw,
+        "profiled": [[b, t] for b, t in d.fit.points] if d.fit else [],
+    }
+
+
+async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: int, timeout_s: float) -> dict:
+    traces = read_traces(Path(traces_path)).traces[: spec.n_traces]
+    client = OpenAILLM(
+        EndpointConfig(
+            base_url=base_url,
+            default_model="combee-sim",
+            max_concurrency=concurrency,
+            timeout_s=timeout_s,
+        )
+    )
+    probe = InFlightProbe(client)
+    controller = BatchSizeController(bs_max=spec.auto_max) if spec.batch_size == "auto" else None
+    config = LearnConfig(method=method_config(spec), batch_size=spec.batch_size, controller=controller)
+    cpu_started = time.process_time()
+    try:
+        result = await learn(traces, probe, config)
+    finally:
+        await client.aclose()
+    cpu_s = time.process_time() - cpu_started
+    meter = result.meter
+    roles = {
+        role: {
+            "calls": s.calls,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "parse_failures": s.parse_failures,
+            "max_prompt_tokens": s.max_prompt_tokens,
+        }
+        for role, s in sorted(meter.roles.items())
+    }
+    return {
+        "key": spec.key,
+        "config_key": spec.config_key,
+        **asdict(spec),
+        "wall_s": result.wall_s,
+        "critical_path_s": result.critical_path_s,
+        "llm_calls": meter.calls,
+        "prompt_tokens": meter.usage.prompt_tokens,
+        "completion_tokens": meter.usage.completion_tokens,
+        "roles": roles,
+        "playbook_entries": len(result.playbook.bullets),
+        "playbook_tokens": playbook_tokens(result.playbook),
+        "iterations": len(result.iterations),
+        "windows": sorted(set(result.batch_sizes)),
+        "parse_failures": sum(s.parse_failures for s in meter.roles.values()),
+        "skipped_traces": meter.skipped_traces,
+        "skipped_groups": meter.skipped_groups,
+        "merge_fallbacks": meter.merge_fallbacks,
+        "unknown_proposal_ids": meter.unknown_proposal_ids,
+        "simulated": bool(meter.simulated and not meter.real),
+        "client_cpu_s": cpu_s,
+        "max_in_flight": probe.max_in_flight,
+        "plan": plan_checks(spec, result),
+        "controller": _controller_doc(result),
+        "per_iteration": [
+            {
+                "batch_size": it.batch_size,
+                "reflections": it.reflections,
+                "wall_s": round(it.wall_s, 5),
+                "critical_path_s": round(it.critical_path_s, 5),
+                "llm_calls": it.llm_calls,
+                "playbook_entries": it.playbook_entries,
+                "trial": it.trial,
+            }
+            for it in result.iterations
+        ],
+        "playbook_json": result.playbook.model_dump_json(),
+    }
+
+
+def train(spec: RunSpec, base_url: str, traces_path: str, concurrency: int = 256, timeout_s: float = 600.0) -> dict:
+    """Run ``spec`` against the OpenAI-compatible endpoint at ``base_url``; see the module docstring.
+
+    Raises the LLM layer's errors if the endpoint stays down (the orchestrator reports the run as failed).
+    """
+    return asyncio.run(_train(spec, base_url, traces_path, concurrency, timeout_s))
