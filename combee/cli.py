@@ -498,9 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, default=600.0, help="give up waiting for the workers after SECONDS")
     d.set_defaults(func=cmd_demo)
 
+    from combee.bench.cli import add_bench_command
     from combee.cli_stream import add_stream_commands
 
     add_stream_commands(sub)
+    add_bench_command(sub)
     return parser
 
 

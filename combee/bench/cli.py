@@ -53,6 +53,11 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = BenchConfig(out=Path("."))
     p.add_argument("--out", type=Path, required=True, help="output directory (results.json, results.md, PNGs)")
     p.add_argument("--quick", action="store_true", help="smoke test: 100 traces, 1 seed, batch 1 and 25, no auto")
+    st = p.add_argument_group("streaming mode: latency of the Kafka + Faust + Redis pipeline at a steady rate")
+    st.add_argument("--streaming", action="store_true", help="measure the streaming pipeline instead")
+    st.add_argument("--rate", type=_non_negative, default=20.0, help="traces per second (default 20)")
+    st.add_argument("--duration", type=_non_negative, default=60.0, help="seconds of publishing (default 60)")
+    st.add_argument("--namespaces", type=int, default=2, help="namespaces sharing the rate (default 2)")
     g = p.add_argument_group("what to run (defaults: the acceptance configuration of issue #3)")
     g.add_argument("--traces", type=int, help=f"traces per seed (default {d.n_traces})")
     g.add_argument("--seeds", type=_ints, help=f"comma-separated trace-set seeds (default {_csv(d.seeds)})")
@@ -122,10 +127,27 @@ def build_config(args: argparse.Namespace) -> Any:
     return replace(config, **overrides)
 
 
+def cmd_streaming(args: argparse.Namespace) -> int:
+    from combee.bench.streaming import StreamingConfig, run_streaming_bench
+
+    config = StreamingConfig(
+        rate=args.rate,
+        duration_s=args.duration,
+        namespaces=args.namespaces,
+        time_scale=args.time_scale if args.time_scale is not None else StreamingConfig.time_scale,
+        out=args.out,
+    )
+    result = run_streaming_bench(config)
+    print((args.out / "streaming.md").read_text())
+    return 0 if result["target_p95_overhead_le_1s"] else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from combee.bench.run import run_bench
     from combee.sim.world import WORLDS
 
+    if args.streaming:
+        return cmd_streaming(args)
     try:
         config = build_config(args)
     except ValueError as exc:

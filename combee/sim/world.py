@@ -496,18 +496,13 @@ class WorldResponder:
                         keep.append(pid)
             elif kind in ("UPDATE", "REMOVE") and p.get("bullet_id") in bullet_ids and rng.random() < b.merge_keep:
                 keep.append(pid)
-        combine: list[dict[str, Any]] = []
-        by_id = {str(p.get("id")): p for p in proposals}
         for key, ids in by_key.items():
             keep_prob = b.merge_known_keep if key in known_keys else b.merge_keep
-            if rng.random() >= keep_prob:
-                continue
-            if len(ids) == 1:
+            if rng.random() < keep_prob:
+                # Repeats of one insight are phrasings of the same rule: the prompt asks to keep the most
+                # specific one by id (they are equally specific here, so the first) rather than restate it.
                 keep.append(ids[0])
-            else:
-                first = by_id[ids[0]]
-                combine.append({"from": ids, "op": _op("ADD", first.get("section"), first.get("content"))})
-        return json.dumps({"keep": keep, "combine": combine})
+        return json.dumps({"keep": keep, "combine": []})
 
     def _generate(self, system: str, task_block: str) -> str:
         b = self.behaviour
