@@ -221,7 +221,7 @@ class Pipeline:
         try:
             wait_until(done, timeout_s, f"all traces learned {expected}", poll_s=1.0)
         except AssertionError as exc:
-            tail = self.workers[-1].tail() if self.workers else ''
+            tail = self.workers[-1].tail() if self.workers else ""
             raise AssertionError(f"{exc}\n--- worker log ---\n{tail}") from None
 
 
