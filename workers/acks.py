@@ -63,6 +63,16 @@ class OrderedAcks:
             return None
         return last + 1, msg.offset - 1
 
+    def first_since_assignment(self, event: Any) -> bool:
+        """True for the first event of its partition since the partition was (re)assigned to this worker."""
+        msg = event.message
+        return (msg.topic, msg.partition) not in self._last_seen
+
+    def expect(self, topic: str, partition: int, next_offset: int) -> None:
+        """The first offset still to process in a partition just assigned: a first event beyond it is a gap
+        that :meth:`gap` reports like any other."""
+        self._last_seen[(topic, partition)] = next_offset - 1
+
     def add(self, stream: Any, event: Any) -> None:
         msg = event.message
         key = (msg.topic, msg.partition, msg.offset)

@@ -28,7 +28,7 @@ from workers.context import Learner, LearnerConfig
 from workers.curate import handle_group
 from workers.mapper import handle_window
 from workers.state import ChangelogTable, KafkaIO
-from workers.status import idle, status_of
+from workers.status import idle, republish_if_lost, status_of
 from workers.window import closer_loop, handle_trace
 
 __all__ = ["ROLES", "create_app"]
@@ -111,7 +111,7 @@ def create_app(
         md = await app.producer.send_and_wait(topic, key, value, partition, None, None)
         return md.partition, md.offset
 
-    io = KafkaIO(send, settings.kafka_bootstrap, consumer_kwargs)
+    io = KafkaIO(send, settings.kafka_bootstrap, consumer_kwargs, group_id=app.conf.id)
     config = LearnerConfig(
         topics=topics,
         method=method,
@@ -172,6 +172,7 @@ def create_app(
                 for rt in list(ctx.runtimes.values()):
                     try:
                         await store.set_status(rt.namespace, status_of(ctx, rt))
+                        await republish_if_lost(ctx, rt)
                     except Exception as exc:  # Redis down: status is best effort, learning goes on
                         log.debug("status for %s not written: %s", rt.namespace, exc)
 

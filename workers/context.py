@@ -104,11 +104,24 @@ class Learner:
 
     async def with_backfill(self, event: Any) -> list[Any]:
         """``event`` preceded by any records of its partition the stream skipped, read directly from Kafka."""
+        msg = event.message
+        if msg.offset > 0 and self.acks.first_since_assignment(event):
+            # After a rebalance, faust-streaming can resume a partition with no committed offset past records it
+            # handed over in the previous generation (and that this worker dropped unfinished on revocation):
+            # the first event must follow the group's committed offset (the log's start when there is none).
+            for attempt in range(3):
+                try:
+                    committed = await self.io.committed(msg.topic, msg.partition)
+                except Exception as exc:  # the broker may be restarting: try again, then go on without
+                    log.warning("committed offset of %s[%d] unknown (%s)", msg.topic, msg.partition, exc)
+                    await asyncio.sleep(1.0 + attempt)
+                    continue
+                self.acks.expect(msg.topic, msg.partition, committed if committed is not None else 0)
+                break
         gap = self.acks.gap(event)
         if gap is None:
             return [event]
         first, last = gap
-        msg = event.message
         log.warning(
             "stream skipped %s[%d] offsets %d..%d; reading them directly", msg.topic, msg.partition, first, last
         )

@@ -41,15 +41,38 @@ SendFn = Callable[[str, bytes, bytes, int], Awaitable[tuple[int, int]]]
 class KafkaIO:
     """Awaited sends (through the worker's producer) and bounded reads of one partition (own consumer)."""
 
-    def __init__(self, send: SendFn, bootstrap: str, consumer_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        send: SendFn,
+        bootstrap: str,
+        consumer_kwargs: dict[str, Any] | None = None,
+        group_id: str | None = None,
+    ) -> None:
         self._send = send
         self._bootstrap = bootstrap
         self._consumer_kwargs = consumer_kwargs or {}
+        self.group_id = group_id  # the worker's consumer group, for committed()
 
     async def send(self, topic: str, key: bytes, value: bytes, partition: int) -> int:
         """Send and wait for the broker's acknowledgement; returns the record's offset."""
         _, offset = await self._send(topic, key, value, partition)
         return offset
+
+    async def committed(self, topic: str, partition: int) -> int | None:
+        """The worker group's committed offset of ``topic``/``partition`` (None when it has none)."""
+        if self.group_id is None:
+            return None
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, **self._consumer_kwargs)
+        await admin.start()
+        try:
+            tp = TopicPartition(topic, partition)
+            offsets = await admin.list_consumer_group_offsets(self.group_id, partitions=[tp])
+        finally:
+            await admin.close()
+        meta = offsets.get(tp)
+        return meta.offset if meta is not None and meta.offset >= 0 else None
 
     async def read(self, topic: str, partition: int, start: int = 0) -> AsyncIterator[LogRecord]:
         """Records of ``topic``/``partition`` from ``start`` up to the end offset seen when called."""
