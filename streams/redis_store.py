@@ -823,6 +823,12 @@ class LatestVersionPublisher:
             1 if self._inflight is not None and self._inflight.namespace not in self._pending else 0
         )
 
+    def forget_published(self, namespace: str) -> None:
+        """Forget which version of ``namespace`` was published, so the next offer of it is published again
+        (the store lost it: a Redis restarted without persistence). The store's compare-and-set still refuses
+        anything not newer than what it holds."""
+        self._last_published.pop(namespace, None)
+
     def pending_version(self, namespace: str) -> int | None:
         """The version waiting for ``namespace`` (None when nothing is pending for it)."""
         offer = self._pending.get(namespace)

@@ -1,4 +1,5 @@
-"""What a worker reports about each namespace it owns (``combee status``), and when it is idle."""
+"""What a worker reports about each namespace it owns (``combee status``), when it is idle, and putting a
+version Redis lost back."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import statistics
 import time
 from typing import Any
 
+from combee.playbook import render_prompt
 from workers.context import Learner
 from workers.runtime import NamespaceRuntime
 from workers.window import in_flight
 
-__all__ = ["idle", "status_of"]
+__all__ = ["idle", "republish_if_lost", "status_of"]
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -49,6 +51,24 @@ def status_of(ctx: Learner, rt: NamespaceRuntime) -> dict[str, Any]:
         "worker": f"{socket.gethostname()}:{os.getpid()}",
         "updated_at": time.time(),
     }
+
+
+async def republish_if_lost(ctx: Learner, rt: NamespaceRuntime) -> bool:
+    """Offer the namespace's newest version again when Redis no longer holds it (restarted without its data).
+
+    Otherwise a quiet namespace would have no prompt in Redis until it learns its next version. Returns True
+    when it re-offered. Raises what the store raises (Redis down): the caller's loop tries again later.
+    """
+    snap = ctx.snapshots.get(rt.namespace)
+    if snap is None or snap.playbook.version == 0 or ctx.publisher.pending_version(rt.namespace) is not None:
+        return False
+    current = await ctx.store.current(rt.namespace)
+    if current is not None and current.version >= snap.playbook.version:
+        return False
+    pb = snap.playbook
+    ctx.publisher.forget_published(rt.namespace)
+    ctx.publisher.offer(rt.namespace, pb.version, render_prompt(pb), pb.model_dump_json(), window_id=None, meta={})
+    return True
 
 
 def idle(ctx: Learner, quiet_s: float) -> bool:

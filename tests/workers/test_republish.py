@@ -1,0 +1,52 @@
+"""Redis restarted without its data: the owner of a namespace publishes its newest version again by itself.
+
+Found by the fault suite (a Redis restart that loses its data): the publisher remembers what it published and
+refuses older-or-equal offers, so a namespace that learned nothing new after the restart stayed without a
+prompt in Redis. The learner's status loop now notices and re-offers (compare-and-set keeps it harmless).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from combee.store import PublishedPrompt
+from streams.redis_store import LatestVersionPublisher
+from tests.fakes import ScriptedLLM, echo_script
+from tests.workers.test_stages import MemoryKafka, Stream, feed_traces, learner, run_until_quiet
+from workers.status import republish_if_lost
+
+
+@dataclass
+class DictStore:
+    versions: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    async def publish(self, namespace: str, version: int, prompt: str, playbook_json: str, **kw: Any) -> bool:
+        if version <= self.versions.get(namespace, (0, ""))[0]:
+            return False
+        self.versions[namespace] = (version, prompt)
+        return True
+
+    async def current(self, namespace: str) -> PublishedPrompt | None:
+        if namespace not in self.versions:
+            return None
+        version, prompt = self.versions[namespace]
+        return PublishedPrompt(namespace=namespace, version=version, prompt=prompt, playbook_json="{}")
+
+
+async def test_a_version_redis_lost_is_published_again_and_a_present_one_is_left_alone() -> None:
+    kafka, stream, seen = MemoryKafka(), Stream(), set()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    store = DictStore()
+    ctx.store, ctx.publisher = store, LatestVersionPublisher(store)
+    await feed_traces(ctx, kafka, stream, "alpha", 6)
+    await run_until_quiet(ctx, kafka, stream, seen)
+    await ctx.publisher.run(until_idle=True)
+    version = ctx.snapshots.get("alpha").playbook.version  # type: ignore[union-attr]
+    assert store.versions["alpha"][0] == version >= 1
+    rt = ctx.runtime("alpha")
+    assert not await republish_if_lost(ctx, rt)  # Redis has it: nothing to do
+    store.versions.clear()  # Redis restarts empty
+    assert await republish_if_lost(ctx, rt)
+    await ctx.publisher.run(until_idle=True)
+    assert store.versions["alpha"][0] == version
