@@ -75,6 +75,8 @@ def parse_trace(raw: bytes | str, *, default_namespace: str | None = None) -> Tr
         raise TraceError(f"not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:
         raise TraceError("JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer over Python's 4300-digit conversion limit
+        raise TraceError(f"not valid JSON: {str(exc)[:120]}") from None
     if not isinstance(obj, dict):
         raise TraceError(f"a trace must be a JSON object, got {type(obj).__name__}")
     if "trace_id" not in obj:

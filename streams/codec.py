@@ -44,8 +44,10 @@ def decode(raw: bytes) -> Envelope:
         raise CodecError(f"envelope is {len(raw)} bytes, over the {MAX_ENVELOPE_BYTES}-byte limit")
     try:
         obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CodecError(f"envelope is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CodecError("envelope is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over the 4300-digit limit
+        raise CodecError(f"envelope is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(obj, dict):
         raise CodecError("envelope must be a JSON object")
     schema = obj.get("schema")
