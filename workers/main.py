@@ -24,7 +24,8 @@ def run_worker(
 ) -> int:
     """Run a worker until it is stopped (SIGTERM/SIGINT) or, with ``until_idle_s``, until it is idle.
 
-    Creates missing topics first. Returns the process exit status.
+    Creates missing topics and the state directory (Faust's datadir is under it) first. Returns the process
+    exit status.
     """
     from combee.cli import build_llm, method_config
     from streams.kafka_config import aiokafka_security_kwargs, ensure_topics
@@ -34,6 +35,8 @@ def run_worker(
 
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
     ensure_topics(settings, topics)
+    # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
+    (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     store = RedisPromptStore(build_redis(settings), RedisKeys(settings.key_prefix))
     publisher = LatestVersionPublisher(store)
     app, _ = create_app(
