@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from combee.cli import CliError, _load_trace_file, _positive_int, _settings
+from combee.cli import EXIT_SERVICE, CliError, _load_trace_file, _positive_int, _settings
 
 __all__ = ["add_stream_commands"]
 
@@ -29,6 +31,32 @@ def _stream_settings(args: argparse.Namespace) -> Any:
     if getattr(args, "prefix", None):
         updates["key_prefix"] = args.prefix
     return settings.model_copy(update=updates) if updates else settings
+
+
+def _service_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Kafka or Redis unreachable, or refusing the credentials, ends a verb with one line and status 4."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        import redis.exceptions
+        from aiokafka.errors import KafkaError as AIOKafkaError
+        from kafka.errors import KafkaError
+
+        try:
+            return func(args)
+        except (KafkaError, AIOKafkaError, redis.exceptions.RedisError) as exc:
+            from streams.redis_store import redact
+
+            service = "Redis" if isinstance(exc, redis.exceptions.RedisError) else "Kafka"
+            try:
+                s = _stream_settings(args)
+                secrets = [x.get_secret_value() for x in (s.redis_password, s.kafka_sasl_password) if x is not None]
+            except Exception:  # the settings themselves are fine by now; this is only for redaction
+                secrets = []
+            message = redact(f"{type(exc).__name__}: {exc}", secrets)[:400]
+            raise CliError(f"{service}: {message}", EXIT_SERVICE) from None
+
+    return run
 
 
 def _add_connection_options(p: argparse.ArgumentParser) -> None:
@@ -231,13 +259,13 @@ def add_stream_commands(sub: Any) -> None:
     p.add_argument("--concurrency", type=_positive_int, help="curator calls in flight (default 8)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _add_connection_options(p)
-    p.set_defaults(func=cmd_worker)
+    p.set_defaults(func=_service_errors(cmd_worker))
 
     p = sub.add_parser("publish", help="publish a JSON-lines trace file to the traces topic")
     p.add_argument("--traces", type=Path, required=True)
     p.add_argument("--namespace", help="publish every trace into this namespace")
     _add_connection_options(p)
-    p.set_defaults(func=cmd_publish)
+    p.set_defaults(func=_service_errors(cmd_publish))
 
     p = sub.add_parser("prompt", help="read the learned prompt of a namespace from Redis")
     psub = p.add_subparsers(dest="prompt_command", required=True, parser_class=type(p))
@@ -270,13 +298,13 @@ def add_stream_commands(sub: Any) -> None:
     p.add_argument("--wait", action="store_true", help="wait until the replayed versions are published")
     p.add_argument("--timeout", type=float, default=600.0)
     _add_connection_options(p)
-    p.set_defaults(func=cmd_replay)
+    p.set_defaults(func=_service_errors(cmd_replay))
 
     p = sub.add_parser("status", help="per namespace: version, traces seen, lag, windows in flight, controller")
     p.add_argument("namespace", nargs="?")
     p.add_argument("--json", action="store_true")
     _add_connection_options(p)
-    p.set_defaults(func=cmd_status)
+    p.set_defaults(func=_service_errors(cmd_status))
 
     p = sub.add_parser("dev", help="start/stop a local Kafka + Redis (deploy/local.py)")
     p.add_argument("dev_command", choices=["up", "down", "status", "restart", "fetch"])
