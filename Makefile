@@ -2,7 +2,7 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 
-.PHONY: install demo test test-unit lint typecheck check up down status bench clean
+.PHONY: install demo test test-unit faults-short faults soak lint typecheck check up down status bench clean
 
 install: $(STAMP)
 
@@ -19,6 +19,16 @@ test: $(STAMP)          ## the whole suite against real Kafka + Redis started (a
 
 test-unit: $(STAMP)     ## the pure tests only (seconds; no services)
 	$(PY) -m pytest -q tests/unit
+
+# The fault-injection suite (docs/reliability.md) starts its OWN Kafka + Redis on free ports and stops them.
+faults-short: $(STAMP)  ## every fault scenario once, short (CI: under 5 minutes)
+	COMBEE_FAULTS=short $(PY) -m pytest -q -s tests/faults
+
+faults: $(STAMP)        ## the full fault suite of issue #5: every scenario 3 runs in a row, SASL/TLS, secrets (~1 h)
+	COMBEE_FAULTS=full COMBEE_FAULTS_RUNS=3 $(PY) -m pytest -q -s tests/faults --deselect tests/faults/test_soak.py::test_soak
+
+soak: $(STAMP)          ## 10 minutes at a steady rate over 20 namespaces: RSS, lag and versions sampled
+	COMBEE_FAULTS=full $(PY) -m pytest -q -s tests/faults/test_soak.py
 
 lint: $(STAMP)
 	.venv/bin/ruff check .
