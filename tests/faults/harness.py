@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from combee.sim.runner import SimProcess
 from streams.keys import RedisKeys
 from streams.topics import Topics
 from tests.faults.stack import PrivateStack
+from tests.support import wait_until
 
 __all__ = [
     "PacedPublisher",
@@ -57,15 +58,6 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def _die_with_parent() -> None:
