@@ -266,18 +266,7 @@ def metrics_document(result: Any, *, method: str, settings: Any, extra: dict[str
         ],
     }
     if result.decision is not None:
-        d = result.decision
-        doc["controller"] = {
-            "chosen": d.batch_size,
-            "reason": d.reason,
-            "explain": d.explain(),
-            "A": d.fit.A if d.fit else None,
-            "alpha": d.fit.alpha if d.fit else None,
-            "r2": d.fit.r2 if d.fit else None,
-            "tau": d.tau,
-            "raw": None if d.raw is None or d.raw == float("inf") else d.raw,
-            "profiled": [[b, t] for b, t in d.fit.points] if d.fit else [],
-        }
+        doc["controller"] = result.decision.as_dict()
     if extra:
         doc.update(extra)
     return doc

@@ -18,6 +18,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "BatchSizeController",
@@ -101,6 +102,20 @@ class ControllerDecision:
             f"α={self.fit.alpha:.3f} (r²={self.fit.r2:.3f}) on [{pts}] s/trace; τ={self.tau:.3g}; "
             f"plateau bs*={raw}" + (f"; keep-up minimum {self.keep_up}" if self.keep_up else "")
         )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The decision as JSON-ready data (``metrics.json``, the benchmark's results)."""
+        return {
+            "chosen": self.batch_size,
+            "reason": self.reason,
+            "explain": self.explain(),
+            "A": self.fit.A if self.fit else None,
+            "alpha": self.fit.alpha if self.fit else None,
+            "r2": self.fit.r2 if self.fit else None,
+            "tau": self.tau,
+            "raw": None if self.raw is None or math.isinf(self.raw) else self.raw,
+            "profiled": [[b, t] for b, t in self.fit.points] if self.fit else [],
+        }
 
 
 @dataclass

@@ -90,22 +90,6 @@ def plan_checks(spec: RunSpec, result: LearnResult) -> dict[str, Any]:
     }
 
 
-def _controller_doc(result: LearnResult) -> dict[str, Any] | None:
-    d = result.decision
-    if d is None:
-        return None
-    return {
-        "chosen": d.batch_size,
-        "reason": d.reason,
-        "explain": d.explain(),
-        "A": d.fit.A if d.fit else None,
-        "alpha": d.fit.alpha if d.fit else None,
-        "r2": d.fit.r2 if d.fit else None,
-        "raw": None if d.raw is None or d.raw == float("inf") else d.raw,
-        "profiled": [[b, t] for b, t in d.fit.points] if d.fit else [],
-    }
-
-
 async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: int, timeout_s: float) -> dict:
     traces = read_traces(Path(traces_path)).traces[: spec.n_traces]
     client = OpenAILLM(
@@ -159,7 +143,7 @@ async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: in
         "client_cpu_s": cpu_s,
         "max_in_flight": probe.max_in_flight,
         "plan": plan_checks(spec, result),
-        "controller": _controller_doc(result),
+        "controller": result.decision.as_dict() if result.decision is not None else None,
         "per_iteration": [
             {
                 "batch_size": it.batch_size,
