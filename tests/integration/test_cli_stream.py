@@ -5,26 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from combee.playbook import render_prompt
 from tests.integration.pipeline import Pipeline, wait_until
-from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-def pipe(tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
-    p.start_sim()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def combee(pipe: Pipeline, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

