@@ -112,10 +112,14 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--token-budget", type=_positive_int, help="hard size budget of the prompt in tokens")
 
 
+def given_options(args: argparse.Namespace, mapping: dict[str, str]) -> dict[str, Any]:
+    """``{field: value}`` for each option of ``mapping`` (option name → field name) given on the command line."""
+    return {field: value for arg, field in mapping.items() if (value := getattr(args, arg, None)) is not None}
+
+
 def _settings(args: argparse.Namespace) -> Any:
     from combee.settings import Settings
 
-    overrides: dict[str, Any] = {}
     mapping = {
         "base_url": "openai_base_url",
         "model": "model",
@@ -131,12 +135,8 @@ def _settings(args: argparse.Namespace) -> Any:
         "max_fan_in": "max_fan_in",
         "token_budget": "token_budget",
     }
-    for arg, field in mapping.items():
-        value = getattr(args, arg, None)
-        if value is not None:
-            overrides[field] = value
     try:
-        return Settings(**overrides)
+        return Settings(**given_options(args, mapping))
     except Exception as exc:  # pydantic ValidationError: name the setting, not a traceback
         raise CliError(f"invalid setting: {_first_line(exc)}") from None
 

@@ -93,11 +93,11 @@ def _csv(values: Sequence[int]) -> str:
 def build_config(args: argparse.Namespace) -> Any:
     """The :class:`~combee.bench.spec.BenchConfig` the parsed options describe (explicit options win over --quick)."""
     from combee.bench.spec import BenchConfig, quick_config
+    from combee.cli import given_options
 
     config = BenchConfig(out=args.out)
     if args.quick:
         config = quick_config(config)
-    overrides: dict[str, Any] = {}
     mapping = {
         "traces": "n_traces",
         "seeds": "seeds",
@@ -114,10 +114,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "workers": "workers",
         "shared_max_width": "shared_max_width",
     }
-    for arg, field in mapping.items():
-        value = getattr(args, arg, None)
-        if value is not None:
-            overrides[field] = value
+    overrides: dict[str, Any] = given_options(args, mapping)
     if args.no_auto:
         overrides["auto"] = False
     if args.no_sweep:
