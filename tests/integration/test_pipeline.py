@@ -142,16 +142,27 @@ def test_combiner_sigkill_loses_nothing_and_applies_nothing_twice(pipe: Pipeline
     worker = pipe.start_worker()
     watcher = Watcher(pipe, "ns-kill")
     watcher.start()
-    publisher = threading.Thread(target=pipe.publish_traces, args=(traces,), kwargs={"pace_s": 0.02})
-    publisher.start()
+
+    def publish(part: list[dict]) -> threading.Thread:
+        thread = threading.Thread(target=pipe.publish_traces, args=(part,), kwargs={"pace_s": 0.02})
+        thread.start()
+        return thread
+
+    # The traces arrive in four parts, the next while the killed worker restarts, so every restarted worker
+    # has traces to learn (all at once, a restart can find everything learned and no window left to apply).
+    parts = [traces[i : i + 75] for i in range(0, 300, 75)]
+    before = len(pipe.deltas("ns-kill"))
+    publishers = [publish(parts[0])]
     kills = 0
-    for _ in range(3):  # kill the worker (window, map, curate and combine stages) mid-run, three times
-        before = len(pipe.deltas("ns-kill"))
+    for part in parts[1:]:  # kill the worker (window, map, curate and combine stages) mid-run, three times
         wait_until(lambda b=before: len(pipe.deltas("ns-kill")) > b, 90, "a window to be applied")
         worker.kill()
         kills += 1
+        before = len(pipe.deltas("ns-kill"))
+        publishers.append(publish(part))
         worker = pipe.start_worker()
-    publisher.join()
+    for thread in publishers:
+        thread.join()
     pipe.wait_learned({"ns-kill": 300})
     seen = watcher.stop()
 
