@@ -28,6 +28,32 @@ def _say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
+def spawn_worker(
+    log_path: Path,
+    *worker_args: str,
+    base_url: str,
+    bootstrap: str,
+    redis_url: str,
+    prefix: str,
+    max_wait_s: float,
+) -> subprocess.Popen[bytes]:
+    """Start ``combee worker`` against the given model endpoint and services, under ``prefix``, logging to
+    ``log_path`` (the demo's and the streaming benchmark's worker)."""
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": base_url,
+        "COMBEE_KAFKA_BOOTSTRAP": bootstrap,
+        "COMBEE_REDIS_URL": redis_url,
+        "COMBEE_TOPIC_PREFIX": prefix,
+        "COMBEE_KEY_PREFIX": prefix,
+        "COMBEE_MAX_WAIT_S": f"{max_wait_s:g}",
+    }
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "combee.cli", "worker", *worker_args], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.offline:
         return _offline(args)
@@ -76,29 +102,23 @@ def _streaming(args: argparse.Namespace) -> int:
     try:
         with SimProcess(SimConfig(seed=1, time_scale=args.time_scale), world="combee") as sim:
             _say(f"SIMULATED model serving at {sim.base_url} (time scale {args.time_scale})")
-            env = {
-                **os.environ,
-                "OPENAI_BASE_URL": sim.base_url,
-                "COMBEE_KAFKA_BOOTSTRAP": bootstrap,
-                "COMBEE_REDIS_URL": redis_url,
-                "COMBEE_TOPIC_PREFIX": prefix,
-                "COMBEE_KEY_PREFIX": prefix,
-                "COMBEE_MAX_WAIT_S": "3",
-            }
             log_path = args.out / "worker.log"
             args.out.mkdir(parents=True, exist_ok=True)
-            with log_path.open("wb") as log_file:
-                worker = subprocess.Popen(
-                    [sys.executable, "-m", "combee.cli", "worker", "--until-idle", "10"],
-                    env=env,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                )
-                _say(f"worker pid {worker.pid} (log: {log_path})")
-                expected = _publish(bootstrap, prefix, args.traces, args.rate)
-                results = asyncio.run(_wait_learned(redis_url, prefix, expected, worker, timeout_s=args.timeout))
-                worker.wait(timeout=60)
-                worker = None
+            worker = spawn_worker(
+                log_path,
+                "--until-idle",
+                "10",
+                base_url=sim.base_url,
+                bootstrap=bootstrap,
+                redis_url=redis_url,
+                prefix=prefix,
+                max_wait_s=3,
+            )
+            _say(f"worker pid {worker.pid} (log: {log_path})")
+            expected = _publish(bootstrap, prefix, args.traces, args.rate)
+            results = asyncio.run(_wait_learned(redis_url, prefix, expected, worker, timeout_s=args.timeout))
+            worker.wait(timeout=60)
+            worker = None
         for ns, (version, prompt, learned) in results.items():
             print(f"\n===== namespace {ns}: version {version} (read from Redis; {learned} traces learned) =====")
             print(prompt)

@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -49,6 +48,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def run_streaming_bench(cfg: StreamingConfig) -> dict[str, Any]:
+    from combee.demo import spawn_worker
     from combee.sim.config import SimConfig
     from combee.sim.runner import SimProcess
 
@@ -59,19 +59,14 @@ def run_streaming_bench(cfg: StreamingConfig) -> dict[str, Any]:
     worker: subprocess.Popen[bytes] | None = None
     try:
         with SimProcess(SimConfig(seed=cfg.seed, time_scale=cfg.time_scale), world="combee") as sim:
-            env = {
-                **os.environ,
-                "OPENAI_BASE_URL": sim.base_url,
-                "COMBEE_KAFKA_BOOTSTRAP": bootstrap,
-                "COMBEE_REDIS_URL": redis_url,
-                "COMBEE_TOPIC_PREFIX": prefix,
-                "COMBEE_KEY_PREFIX": prefix,
-                "COMBEE_MAX_WAIT_S": str(cfg.max_wait_s),
-            }
-            with (cfg.out / "worker.log").open("wb") as log:
-                worker = subprocess.Popen(
-                    [sys.executable, "-m", "combee.cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
-                )
+            worker = spawn_worker(
+                cfg.out / "worker.log",
+                base_url=sim.base_url,
+                bootstrap=bootstrap,
+                redis_url=redis_url,
+                prefix=prefix,
+                max_wait_s=cfg.max_wait_s,
+            )
             _wait_ready(cfg.out / "worker.log", worker)
             watchers = [_Watcher(redis_url, prefix, ns) for ns in namespaces]
             for w in watchers:
