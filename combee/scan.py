@@ -72,9 +72,13 @@ class ReduceTracker:
                     out.append(ReadyNode(lvl, j, tuple(self._have[(lvl - 1, c)] for c in children)))
         return out
 
-    def forget_started(self) -> None:
-        """Allow started-but-unfinished merges to be offered again (after a failure or a restart)."""
-        self._started.clear()
+    def forget_started(self, level: int | None = None, index: int | None = None) -> None:
+        """Allow started-but-unfinished merges to be offered again: one node (after its call failed), or all of
+        them (after a restart)."""
+        if level is None or index is None:
+            self._started.clear()
+        else:
+            self._started.discard((level, index))
 
     def result(self) -> tuple[DeltaOp, ...] | None:
         """The window's operations once the root is present (empty for a window with no groups)."""

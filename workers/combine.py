@@ -133,12 +133,22 @@ async def _merge(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, node: ReadyN
                 w.service[(node.level, node.index)] = outcome.service_s
                 await _progress(ctx, rt)
     except Exception:
-        log.exception("merge %s/%d.%d failed; it will be offered again", w.window_id, node.level, node.index)
+        # Not an LLM outage (that waits inside `retrying`): e.g. Kafka refused the partial. Offer the node
+        # again after a pause; waiting for the namespace's next record instead would stall a window whose
+        # partials are all in already.
+        log.exception("merge %s/%d.%d failed; offering it again", w.window_id, node.level, node.index)
         if w.tracker is not None:
-            w.tracker.forget_started()
+            w.tracker.forget_started(node.level, node.index)
+        ctx.spawn(_offer_again(ctx, rt, delay_s=ctx.rng.uniform(1.0, 3.0)))
     finally:
         ctx.in_flight_tasks -= 1
         ctx.touch()
+
+
+async def _offer_again(ctx: Learner, rt: NamespaceRuntime, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    async with rt.lock:
+        await _progress(ctx, rt)
 
 
 def _critical_path(w: OpenWindow) -> float:

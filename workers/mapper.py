@@ -45,12 +45,15 @@ async def handle_window(ctx: Learner, stream: Any, event: Any) -> None:
     state = ctx.map_table.get(env.namespace) or MapState()
     acc = accept_window(state, env)
     if acc.duplicate:
+        # Every offered window releases the slot its closing took, the dropped ones too: a slot kept here
+        # would stall the namespace (close_size refuses while max_inflight windows are in flight).
+        rt.window_seen(env.window_id, None)
         log.info("window %s already windowed (%d traces); dropped", env.window_id, acc.stripped)
         await ctx.acks.done(event)
         return
     if acc.state != state:
         await ctx.map_table.put(env.namespace, acc.state)
-    rt.closed_pending = max(0, rt.closed_pending - 1)
+    rt.window_seen(env.window_id, acc.window_id)
     rt.accepted_seq = max(rt.accepted_seq, acc.seq)
     received = time.time()
     log.debug("window %s reached the map stage %.3fs after it was written", env.window_id, received - env.closed_at)
@@ -84,23 +87,35 @@ async def _mapper(ctx: Learner, rt: NamespaceRuntime) -> None:
     while not rt.map_queue.empty():
         acc, env, event = rt.map_queue.get_nowait()
         rt.mapping = True
-        for failure in range(1, MAX_UNEXPECTED_FAILURES + 1):
-            try:
-                await _map_one(ctx, rt, acc, env)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # not an LLM outage (those wait inside): a bug or bad data
-                log.exception("mapping window %s failed (%d/%d)", acc.window_id, failure, MAX_UNEXPECTED_FAILURES)
-                if failure == MAX_UNEXPECTED_FAILURES:
-                    # Give up on its content but keep the namespace moving: an empty plan applies as a no-op
-                    # version, and the window goes to the dead-letter topic with the reason.
-                    await ctx.dead_letter("map", f"window could not be mapped: {exc!r}"[:400], event.message)
-                    await _map_one(ctx, rt, acc, env, give_up=True)
-                else:
-                    await asyncio.sleep(min(30.0, 2.0**failure))
+        await _map_until_done(ctx, rt, acc, env, event)
         rt.mapping = False
         await ctx.acks.done(event)
+
+
+async def _map_until_done(ctx: Learner, rt: NamespaceRuntime, acc: Acceptance, env: WindowEnvelope, event: Any) -> None:
+    """Map one window; never return without its plan sent, or every later window of the namespace waits.
+
+    LLM outages wait inside :meth:`Learner.retrying`. Any other failure (a bug, bad data) is retried a few
+    times; then the window's content is given up — it is dead-lettered with the reason and an empty plan
+    applies as a no-op version — and sending that is retried until Kafka takes it.
+    """
+    failures = 0
+    while True:
+        give_up = failures >= MAX_UNEXPECTED_FAILURES
+        try:
+            await _map_one(ctx, rt, acc, env, give_up=give_up)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            log.exception("mapping window %s failed (%d/%d)", acc.window_id, failures, MAX_UNEXPECTED_FAILURES)
+            if failures == MAX_UNEXPECTED_FAILURES:
+                try:
+                    await ctx.dead_letter("map", f"window could not be mapped: {exc!r}"[:400], event.message)
+                except Exception:
+                    log.exception("dead-lettering window %s failed; giving its content up all the same", acc.window_id)
+            await asyncio.sleep(min(30.0, 2.0 ** min(failures, 5)))
 
 
 async def _map_one(

@@ -49,7 +49,10 @@ class NamespaceRuntime:
     controller: BatchSizeController
     # window stage (per source partition buffers: traces may arrive on any partition)
     buffers: dict[int, list[Buffered]] = field(default_factory=dict)
-    closed_pending: int = 0  # windows closed here and not yet accepted by the map stage
+    # ids of windows closed by this process that the map stage has not yet seen (accepted or dropped as a
+    # duplicate): a set, not a counter, so that a window closed by an earlier process and redelivered here
+    # cannot release a slot it never took, and every path through the map stage releases the one it did
+    unseen_windows: set[str] = field(default_factory=set)
     arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=512))
     decision: ControllerDecision | None = None
     # map stage
@@ -71,6 +74,19 @@ class NamespaceRuntime:
     windows_applied: int = 0
     last_applied_at: float | None = None
     latencies: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))
+
+    @property
+    def closed_pending(self) -> int:
+        """Windows closed here and not yet seen by the map stage."""
+        return len(self.unseen_windows)
+
+    def window_seen(self, offered_id: str, kept_id: str | None) -> None:
+        """The map stage saw window ``offered_id``: release its slot; its closing time follows the kept cut
+        (``kept_id``, which differs when traces were stripped) or is dropped with it (``None``: a duplicate)."""
+        self.unseen_windows.discard(offered_id)
+        closed = self.closed_at.pop(offered_id, None)
+        if closed is not None and kept_id is not None:
+            self.closed_at[kept_id] = closed
 
     def buffered(self) -> int:
         return sum(len(b) for b in self.buffers.values())

@@ -112,7 +112,7 @@ async def _close(ctx: Learner, rt: NamespaceRuntime, source_partition: int, item
         closed_at=closed_at,
     )
     await ctx.send(ctx.topics.windows, rt.namespace, envelope, rt.partition)
-    rt.closed_pending += 1
+    rt.unseen_windows.add(wid)
     rt.windows_closed += 1
     rt.closed_at[wid] = time.monotonic()
     for b in items:

@@ -242,3 +242,68 @@ async def test_a_record_the_stream_skipped_is_read_directly_and_learned() -> Non
     # the real events are acked to Faust in order; the backfilled one has nothing to ack
     assert stream.acked == [(ctx.topics.traces, part, o) for o in (0, 1, 3)]
     assert ctx.acks.pending() == 0
+
+
+async def redeliver_traces(ctx: Learner, kafka: MemoryKafka, stream: Stream, ns: str) -> None:
+    """Hand every trace record of ``ns``'s partition to the window stage again (offsets never committed)."""
+    part = ctx.home_partition(ns)
+    for offset, (key, value) in enumerate(kafka.logs[(ctx.topics.traces, part)]):
+        await handle_trace(ctx, stream, Event(Msg(ctx.topics.traces, part, offset, key, value)))
+
+
+async def test_a_restarted_worker_that_rereads_windowed_traces_does_not_stall_the_namespace() -> None:
+    """Issue 9: the learner applied windows, died before committing its traces' offsets, and its successor
+    re-read those traces. The windows it re-forms are duplicates the map stage drops; each must release the
+    in-flight slot its closing took, or with max_inflight = 1 no later window of the namespace ever closes."""
+    kafka, seen = MemoryKafka(), set()
+    first = learner(kafka, ScriptedLLM(echo_script))
+    await feed_traces(first, kafka, Stream(), "alpha", 8)
+    await run_until_quiet(first, kafka, Stream(), seen)
+    assert sum(r.trace_count for r in deltas(kafka, first.topics)) == 8
+
+    restarted = learner(kafka, ScriptedLLM(echo_script))
+    stream = Stream()
+    await redeliver_traces(restarted, kafka, stream, "alpha")  # offsets 0..7 again: already windowed
+    part = restarted.home_partition("alpha")
+    for i in range(8, 20):  # and new traces behind them
+        offset = await kafka.send(restarted.topics.traces, b"alpha", trace("alpha", i), part)
+        await handle_trace(
+            restarted, stream, Event(Msg(restarted.topics.traces, part, offset, b"alpha", trace("alpha", i)))
+        )
+    await run_until_quiet(restarted, kafka, stream, seen)
+
+    records = deltas(kafka, restarted.topics)
+    assert sum(r.trace_count for r in records) == 20  # the 12 new traces were learned, none twice
+    assert [r.version for r in records] == list(range(1, len(records) + 1))
+    rt = restarted.runtime("alpha")
+    assert rt.closed_pending == 0 and rt.buffered() == 0
+    assert rt.closed_at == {}  # no closing time left behind by a dropped or applied window
+    assert restarted.acks.pending() == 0
+
+
+@dataclass
+class RefusesFirstMerge(MemoryKafka):
+    """Kafka refusing the first merge partial once (a broker restart, say)."""
+
+    refused: int = 0
+
+    async def send(self, topic: str, key: bytes, value: bytes, partition: int) -> int:
+        if self.refused == 0 and topic.endswith("partials"):
+            env = decode(value)
+            if getattr(env, "level", 1) >= 2:
+                self.refused += 1
+                raise ConnectionError("broker not available")
+        return await super().send(topic, key, value, partition)
+
+
+async def test_a_merge_whose_partial_kafka_refused_is_offered_again_without_new_records() -> None:
+    """All level-1 partials are in, the one merge fails on a send: nothing else will arrive for the namespace,
+    so the combiner must offer the merge again by itself, or the window (and the namespace) stalls."""
+    kafka, stream, seen = RefusesFirstMerge(), Stream(), set()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    await feed_traces(ctx, kafka, stream, "alpha", 4)
+    await run_until_quiet(ctx, kafka, stream, seen)
+    assert kafka.refused == 1
+    records = deltas(kafka, ctx.topics)
+    assert sum(r.trace_count for r in records) == 4
+    assert ctx.acks.pending() == 0
