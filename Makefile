@@ -21,8 +21,8 @@ test-unit: $(STAMP)     ## the pure tests only (seconds; no services)
 	$(PY) -m pytest -q tests/unit
 
 # The fault-injection suite (docs/reliability.md) starts its OWN Kafka + Redis on free ports and stops them.
-faults-short: $(STAMP)  ## every fault scenario once, short (CI: under 5 minutes)
-	COMBEE_FAULTS=short $(PY) -m pytest -q -s tests/faults
+faults-short: $(STAMP)  ## every fault scenario once, short, with the SASL_SSL and Redis ACL tests (CI: ~8 minutes)
+	COMBEE_FAULTS=short COMBEE_FAULTS_SASL=1 $(PY) -m pytest -q -s tests/faults
 
 faults: $(STAMP)        ## the full fault suite of issue #5: every scenario 3 runs in a row, SASL/TLS, secrets (~1 h)
 	COMBEE_FAULTS=full COMBEE_FAULTS_RUNS=3 $(PY) -m pytest -q -s tests/faults --deselect tests/faults/test_soak.py::test_soak

@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     curate_concurrency: int = Field(default=8, ge=1)
     # How fast a dead worker's partitions move to a live one (Kafka's group session timeout).
     kafka_session_timeout_s: float = Field(default=10.0, ge=6.0)
+    # How often (seconds) and after how many acked records a worker commits its consumed offsets. A crash
+    # re-delivers whatever was not committed yet; the pipeline's exactly-once effect does not depend on it.
+    kafka_commit_interval_s: float = Field(default=1.0, gt=0)
+    kafka_commit_every: int = Field(default=200, ge=1)
     worker_web_port: int = Field(default=6066, ge=0)
     state_dir: Path = Path("var/dev")
 

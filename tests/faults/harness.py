@@ -94,6 +94,7 @@ class WorkerProc:
     log: Path
     started_at: float = field(default_factory=time.monotonic)
     expected_exit: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # what start_worker set beyond the run's environment
     rss: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, KiB)
 
     @property
@@ -477,7 +478,7 @@ class Run:
                 cwd=REPO,
                 preexec_fn=_die_with_parent,
             )
-        worker = WorkerProc(name, role, proc, log)
+        worker = WorkerProc(name, role, proc, log, env=dict(env))
         self.workers.append(worker)
         self.note(f"started worker {name} (pid {proc.pid})")
         return worker
@@ -499,7 +500,7 @@ class Run:
     def kill_and_restart(self, worker: WorkerProc) -> WorkerProc:
         worker.kill()
         self.note(f"SIGKILL worker {worker.name} (pid {worker.pid})")
-        return self.start_worker(worker.role)
+        return self.start_worker(worker.role, **worker.env)
 
     # --- RSS sampling ----------------------------------------------------------------------------------
 

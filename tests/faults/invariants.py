@@ -87,6 +87,9 @@ class Figures:
     retention_by_namespace: dict[str, float] = field(default_factory=dict)
     same_answers_equal: bool | None = None
     same_answers_diff: int | None = None
+    # liveness: per namespace, seconds from the last trace (faults over) to its final version, and the bound
+    liveness: dict[str, dict[str, float]] = field(default_factory=dict)
+    stalls: int = 0
     # the faults themselves
     faults: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0

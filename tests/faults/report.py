@@ -20,20 +20,29 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec)
 
 
+def _liveness(per_ns: dict[str, dict[str, float]]) -> str:
+    if not per_ns:
+        return "–"
+    worst = max(per_ns.values(), key=lambda v: v["final_after_s"])
+    return f"{worst['final_after_s']:.1f} / {worst['bound_s']:.0f}"
+
+
 def scenario_table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| scenario | run | published | learned | dead-lettered | refused by broker | lost | windows applied "
         "| applied twice | version regressions | half-applied | crashes | retention | vs fault-free same windows "
-        "| same answers ⇒ equal | vs control run | seconds |"
+        "| same answers ⇒ equal | vs control run | stalls | last trace → final version (s, worst ns / bound) "
+        "| seconds |"
     )
-    lines = [head, "|" + "---|" * 17]
+    lines = [head, "|" + "---|" * 19]
     for f in rows:
         lines.append(
             f"| {f['scenario']} | {f['run']} | {f['published']} | {f['learned']} | {f['dead_lettered']} | "
             f"{f['refused_by_broker']} | {f['lost'] + f['bad_unaccounted']} | {f['windows_applied']} | "
             f"{f['windows_applied_twice']} | {f['version_regressions']} | {f['half_applied']} | "
             f"{f['worker_crashes']} | {_fmt(f.get('retention'), '.3f')} | {_fmt(f.get('retention_ratio'), '.2f')} | "
-            f"{_fmt(f.get('same_answers_equal'))} | {_fmt(f.get('ratio_vs_control'), '.2f')} | {f['seconds']:.0f} |"
+            f"{_fmt(f.get('same_answers_equal'))} | {_fmt(f.get('ratio_vs_control'), '.2f')} | "
+            f"{_fmt(f.get('stalls'))} | {_liveness(f.get('liveness') or {})} | {f['seconds']:.0f} |"
         )
     return "\n".join(lines)
 

@@ -101,19 +101,28 @@ class Progress:
         self.tail.close()
 
 
+#: Liveness: once the last trace is published and the fault injection is over, every namespace must reach
+#: its final version within this many seconds plus the critical path of the windows applied after that moment
+#: (windows of a namespace are applied one after another, so their critical paths add up).
+LIVENESS_SLACK_S = 60.0
+
+
 class Settler:
     """Decides when a run has settled: every valid trace published is covered by an applied window, every
-    bad record has a dead letter, and Redis's current version of each namespace is the log's newest."""
+    bad record has a dead letter, and Redis's current version of each namespace is the log's newest. Records,
+    per namespace, when it first reached that state (the liveness figure)."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.traces = TopicTail(run.stack.bootstrap, run.topics.traces)
         self.deltas = TopicTail(run.stack.bootstrap, run.topics.deltas)
         self.letters = TopicTail(run.stack.bootstrap, run.topics.deadletter)
-        self.home_ids: dict[tuple[int, int], str] = {}
+        self.home_ids: dict[tuple[int, int], tuple[str, str]] = {}  # (partition, offset) -> (namespace, trace id)
         self.covered: set[tuple[int, int]] = set()
         self.last_version: dict[str, int] = {}
+        self.applied: dict[str, list[tuple[float, float]]] = {}  # ns -> (applied_at, critical path s) per window
         self.lettered: set[tuple[int, int]] = set()
+        self.reached: dict[str, float] = {}  # ns -> wall time its final state was first seen
 
     def poll(self) -> None:
         parts = self.run.partitions
@@ -123,7 +132,7 @@ class Settler:
             except CodecError:
                 continue
             if partition_for(t.namespace.encode(), parts) == r.partition:
-                self.home_ids[(r.partition, r.offset)] = t.trace_id
+                self.home_ids[(r.partition, r.offset)] = (t.namespace, t.trace_id)
         for r in self.deltas.poll():
             rec = decode(r.value or b"")
             assert isinstance(rec, DeltaRecord)
@@ -131,14 +140,23 @@ class Settler:
             if rec.source is not None:
                 p = int(rec.source.removeprefix("p"))
                 self.covered.update((p, o) for o in rec.offsets)
+                self.applied.setdefault(rec.namespace, []).append((rec.applied_at, rec.critical_path_s or 0.0))
         for r in self.letters.poll():
             d = decode(r.value or b"")
             assert isinstance(d, DeadLetter)
             if d.topic == self.run.topics.traces:
                 self.lettered.add((d.partition, d.offset))
 
-    def missing(self, expected_ids: set[str], bad_at: set[tuple[int, int]]) -> tuple[int, int, list[str]]:
-        learned = {tid for at, tid in self.home_ids.items() if at in self.covered}
+    def missing(
+        self, expected: dict[str, set[str]], bad_at: set[tuple[int, int]]
+    ) -> tuple[dict[str, int], int, list[str]]:
+        """Per namespace the valid traces not yet learned; bad records without a dead letter; namespaces whose
+        Redis version is behind the log."""
+        learned: dict[str, set[str]] = {}
+        for at, (ns, tid) in self.home_ids.items():
+            if at in self.covered:
+                learned.setdefault(ns, set()).add(tid)
+        unlearned = {ns: len(ids - learned.get(ns, set())) for ns, ids in expected.items()}
         stale = []
         client = self.run.redis(socket_timeout=2)
         try:
@@ -150,20 +168,22 @@ class Settler:
             stale.append("(redis unreachable)")
         finally:
             client.close()
-        return len(expected_ids - learned), len(bad_at - self.lettered), stale
+        return unlearned, len(bad_at - self.lettered), stale
 
     def wait(self, sent: list[Sent], timeout_s: float) -> None:
-        expected: set[str] = set()
+        expected: dict[str, set[str]] = {}
         bad_at: set[tuple[int, int]] = set()
         for s in sent:
             if s.refused is not None or s.partition is None or s.offset is None:
                 continue
             try:
-                expected.add(decode_trace(s.record.value, s.record.key).trace_id)
+                t = decode_trace(s.record.value, s.record.key)
+                expected.setdefault(t.namespace, set()).add(t.trace_id)
             except CodecError:
                 bad_at.add((s.partition, s.offset))
+        self.reached.clear()
         deadline = time.monotonic() + timeout_s
-        state: tuple[int, int, list[str]] = (len(expected), len(bad_at), [])
+        state: tuple[dict[str, int], int, list[str]] = ({ns: len(ids) for ns, ids in expected.items()}, len(bad_at), [])
         error = ""
         while time.monotonic() < deadline:
             self.run.check_no_crash()
@@ -174,14 +194,27 @@ class Settler:
                 time.sleep(1)
                 continue
             state = self.missing(expected, bad_at)
-            if state == (0, 0, []):
+            now = time.time()
+            for ns, left in state[0].items():
+                if left == 0 and ns not in state[2] and "(redis unreachable)" not in state[2]:
+                    self.reached.setdefault(ns, now)
+            if not any(state[0].values()) and state[1] == 0 and not state[2]:
                 return
-            time.sleep(1.0)
+            time.sleep(0.5)
         logs = "\n".join(f"--- {w.name} ---\n{w.tail(25)}" for w in self.run.workers[-2:])
         raise AssertionError(
-            f"not settled after {timeout_s:.0f}s: {state[0]} traces unlearned, {state[1]} bad records without a "
-            f"dead letter, Redis behind for {state[2]}; last read error: {error or 'none'}\n{logs}"
+            f"not settled after {timeout_s:.0f}s: {sum(state[0].values())} traces unlearned {state[0]}, {state[1]} bad "
+            f"records without a dead letter, Redis behind for {state[2]}; last read error: {error or 'none'}\n{logs}"
         )
+
+    def liveness(self, quiet_at: float) -> dict[str, dict[str, float]]:
+        """Per namespace: seconds from ``quiet_at`` (last trace published, faults over) to its final version,
+        and the bound it must meet."""
+        out: dict[str, dict[str, float]] = {}
+        for ns, at in sorted(self.reached.items()):
+            path = sum(cp for applied_at, cp in self.applied.get(ns, []) if applied_at >= quiet_at)
+            out[ns] = {"final_after_s": round(max(0.0, at - quiet_at), 1), "bound_s": round(LIVENESS_SLACK_S + path, 1)}
+        return out
 
     def close(self) -> None:
         for tail in (self.traces, self.deltas, self.letters):
@@ -208,6 +241,10 @@ class Scenario:
     rate: Callable[[Profile], float] = lambda p: p.rate
     # a fault injected once everything is learned (then the run must settle again)
     after_settle: Driver | None = None
+    # environment of the first learner (kill_and_restart keeps a worker's environment)
+    learner_env: dict[str, str] = field(default_factory=dict)
+    # checks of the scenario's own, after settling (e.g. that the fault took the path it is meant to force)
+    verify: Callable[[Run, Figures], None] | None = None
 
 
 def _no_fault(run: Run, profile: Profile, progress: Progress, rng: random.Random) -> dict[str, Any]:
@@ -307,6 +344,41 @@ def _rebalance(run: Run, profile: Profile, progress: Progress, rng: random.Rando
     return {"joined_and_left": joins}
 
 
+#: A learner that never commits its consumed offsets: whatever it read is read again after a crash.
+NEVER_COMMIT = {"COMBEE_KAFKA_COMMIT_INTERVAL_S": "86400", "COMBEE_KAFKA_COMMIT_EVERY": "1000000000"}
+#: Its successors cut one-trace windows, so a trace re-read from an applied window of two or more traces is
+#: necessarily offered in a window the map stage has never seen and must drop as a duplicate (issue 9).
+ONE_TRACE_WINDOWS = {
+    "COMBEE_BS_MIN": "1",
+    "COMBEE_BS_MAX": "1",
+    "COMBEE_BS_DEFAULT": "1",
+    "COMBEE_BS_CANDIDATES": "[1]",
+}
+
+
+def _kill_uncommitted(run: Run, profile: Profile, progress: Progress, rng: random.Random) -> dict[str, Any]:
+    kills = max(2, profile.kills // 3)
+    done = 0
+    for _ in range(kills):
+        if not progress.wait_for_more(run):  # a window was applied; its traces' offsets are not committed
+            break
+        victim = run.live("learner")[0]
+        victim.kill()
+        run.note(f"SIGKILL learner {victim.name} (pid {victim.pid}) right after a window was applied")
+        run.start_worker("learner", **{**NEVER_COMMIT, **ONE_TRACE_WINDOWS})
+        done += 1
+    return {"sigkill_after_apply": done, "offsets_committed": "never"}
+
+
+def _dropped_duplicates(run: Run, figures: Figures) -> None:
+    """The restarted learners must have dropped re-read windows as duplicates: the path the scenario forces."""
+    restarted = [w for w in run.workers if w.role == "learner" and w.env.get("COMBEE_BS_MAX") == "1"]
+    dropped = sum(w.log.read_text(errors="replace").count("already windowed") for w in restarted)
+    figures.faults["duplicate_windows_dropped"] = dropped
+    if dropped == 0:
+        figures.violations.append("kill-uncommitted: no restarted learner dropped a duplicate window (path not forced)")
+
+
 def _kill_rate(p: Profile) -> float:
     return min(p.rate, 2 * p.traces_per_namespace / (p.kills * 9.0))
 
@@ -324,6 +396,15 @@ SCENARIOS = {
             rate=_kill_rate,
         ),
         Scenario("kill-curate", "SIGKILL the curate worker at random moments", _kill("curate"), rate=_kill_rate),
+        Scenario(
+            "kill-uncommitted",
+            "SIGKILL the learner right after a window is applied, its traces' offsets never committed: the "
+            "restarted learner re-reads traces already windowed (cut differently) and must not stall",
+            _kill_uncommitted,
+            rate=_kill_rate,
+            learner_env=NEVER_COMMIT,
+            verify=_dropped_duplicates,
+        ),
         Scenario(
             "llm-faults",
             "10% HTTP 500, 5% 429 + Retry-After, 5% timeouts, 5% malformed/schema-violating JSON",
@@ -396,6 +477,16 @@ def figure_lines(f: Figures) -> list[str]:
             f"{equal}{control}",
             not any("retention" in x or "bullets differ" in x for x in f.violations),
         ),
+        _line(
+            "liveness",
+            "final version after the last trace: "
+            + (
+                ", ".join(f"{ns} {v['final_after_s']}s (bound {v['bound_s']}s)" for ns, v in f.liveness.items())
+                or "n/a"
+            )
+            + f" / stalls {f.stalls}",
+            f.stalls == 0,
+        ),
         _line("workers", f"crashes {f.worker_crashes}; faults {json.dumps(f.faults)}", f.worker_crashes == 0),
     ]
 
@@ -425,7 +516,7 @@ def execute(
     try:
         run.start_sim(**scenario.sim_faults)
         run.ensure_topics()
-        run.start_worker("learner")
+        run.start_worker("learner", **scenario.learner_env)
         run.start_worker("curate")
         watcher = PromptWatcher(run, truths)
         watcher.start()
@@ -437,9 +528,11 @@ def execute(
         figures.faults = scenario.drive(run, profile, progress, rng)
         publisher.join_checked()
         producer.close()
+        quiet_at = time.time()  # the last trace is published and the fault injection is over
         run.note(f"published {len(records)} records; settling")
         settler = Settler(run)
         settler.wait(producer.sent, profile.settle_timeout_s)
+        _check_liveness(settler.liveness(quiet_at), figures)
         if scenario.after_settle is not None:
             figures.faults.update(scenario.after_settle(run, profile, progress, rng))
             started_again = time.monotonic()
@@ -451,6 +544,8 @@ def execute(
         quality(run, obs, finals, truths, control, figures, require_equal=scenario.require_equal)
         if scenario.hostile:
             _check_injection(obs, figures)
+        if scenario.verify is not None:
+            scenario.verify(run, figures)
         if scenario.sim_faults:
             assert run.sim is not None
             figures.faults["simulator"] = {
@@ -467,6 +562,16 @@ def execute(
         run.close()
         run.save("figures.json", figures.as_dict())
         run.save("events.json", run.events)
+
+
+def _check_liveness(liveness: dict[str, dict[str, float]], figures: Figures) -> None:
+    figures.liveness = liveness
+    figures.stalls = sum(1 for v in liveness.values() if v["final_after_s"] > v["bound_s"])
+    for ns, v in liveness.items():
+        if v["final_after_s"] > v["bound_s"]:
+            figures.violations.append(
+                f"{ns} reached its final version {v['final_after_s']}s after the last trace (bound {v['bound_s']}s)"
+            )
 
 
 def _check_injection(obs: Any, figures: Figures) -> None:

@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.faults,
     pytest.mark.slow,
     pytest.mark.timeout(900),
-    # a second broker (TLS certificates, SCRAM credentials) costs a minute: part of the full suite only
+    # a second broker (TLS, SCRAM credentials) costs a minute: the full suite, and CI (COMBEE_FAULTS_SASL=1)
     pytest.mark.skipif(MODE != "full" and not os.environ.get("COMBEE_FAULTS_SASL"), reason="COMBEE_FAULTS=full"),
 ]
 
