@@ -1,4 +1,4 @@
-"""``combee`` verbs of the streaming system: worker, publish, prompt, replay, status, dev.
+"""``combee`` verbs of the streaming system: worker, publish, prompt, replay, status, dev, llm.
 
 Thin: each verb reads settings, calls the SDK (:mod:`streams`) or the worker (:mod:`workers`), prints.
 """
@@ -246,13 +246,32 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from deploy import local
+    from deploy import llm, local
 
     argv = [] if args.state_dir is None else ["--state-dir", str(args.state_dir)]
-    return local.main([*argv, args.dev_command, *args.rest])
+    with_llm = args.llm or "--llm" in args.rest
+    llm_code = llm.main([*argv, "down", "--quiet"]) if args.dev_command == "down" else 0  # if one runs
+    code = local.main([*argv, args.dev_command, *(a for a in args.rest if a != "--llm")])
+    if code == 0 and with_llm and args.dev_command == "up":
+        code = llm.main([*argv, "up"])
+    return code or llm_code
+
+
+# --- llm ------------------------------------------------------------------------------------------------
+
+
+def cmd_llm(args: argparse.Namespace) -> int:
+    from deploy import llm
+
+    try:
+        return llm.run_command({"serve": "up", "stop": "down"}.get(args.llm_command, args.llm_command), args)
+    except llm.DeployError as exc:
+        raise CliError(str(exc), EXIT_SERVICE) from None
 
 
 def add_stream_commands(sub: Any) -> None:
+    from deploy.llm import add_up_arguments  # standard library only: cheap, and needs no llm extra
+
     p = sub.add_parser("worker", help="run the streaming workers (Faust)")
     p.add_argument("--role", choices=["all", "learner", "curate"], default="all")
     p.add_argument("--until-idle", type=float, metavar="SECONDS", help="exit after SECONDS with nothing to do")
@@ -310,4 +329,16 @@ def add_stream_commands(sub: Any) -> None:
     p.add_argument("dev_command", choices=["up", "down", "status", "restart", "fetch"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to deploy/local.py")
     p.add_argument("--state-dir", type=Path)
+    p.add_argument("--llm", action="store_true", help="up: also start the real local model (combee llm serve)")
     p.set_defaults(func=cmd_dev)
+
+    p = sub.add_parser("llm", help="a REAL local model: llama.cpp server on 127.0.0.1 (deploy/llm.py)")
+    lsub = p.add_subparsers(dest="llm_command", required=True, parser_class=type(p))
+    serve = lsub.add_parser("serve", help="start (or reuse) it in the background; print export lines")
+    add_up_arguments(serve)
+    lsub.add_parser("stop", help="stop it (by verified PID)")
+    st = lsub.add_parser("status", help="pid, url, model alias, slots, context per slot")
+    st.add_argument("--json", action="store_true")
+    for q in lsub.choices.values():
+        q.add_argument("--state-dir", type=Path, help="PID file and log (env COMBEE_STATE_DIR; default var/dev)")
+    p.set_defaults(func=cmd_llm)

