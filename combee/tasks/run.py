@@ -1,0 +1,214 @@
+"""The finance harness's run loop: collect training traces once, learn them with every method, evaluate.
+
+Order of work:
+
+1. **Traces.** The agent answers every training question with the *empty* playbook; each graded answer is a
+   trace (:mod:`combee.tasks.agent`).
+2. **Learn, offline.** The same traces, in the same order, are learned by every method in ``methods``
+   (sequential, naive, Combee) through :func:`combee.learner.learn`, one method after another, each starting
+   from the empty playbook. Offline, because a comparison of methods needs the same inputs: in an online loop
+   each method's agent would answer with its own, newer playbook, so the methods would learn from different
+   traces and a difference in accuracy could come from the traces rather than from the reduce.
+3. **Evaluate.** The empty playbook and every final playbook answer the same held-out test questions, one
+   playbook after another (so each wall time is that playbook's alone).
+
+Every phase gets its LLM from ``llm_for(phase)`` (phases: ``traces``, ``learn-<method>``, ``eval``), so a
+caller can give each phase its own response cache: a cached reflector answer of one method must not make
+another method's learning look fast. Calls, cached calls, tokens and wall time are counted per phase (and per
+evaluated playbook) by a thin wrapper around the port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from combee.learner import LearnConfig, LearnResult, learn
+from combee.llm import LLM, ChatRequest, ChatResponse
+from combee.models import Playbook, Trace
+from combee.tasks.agent import Attempt, answer_all, to_trace
+from combee.tasks.data import Question
+
+__all__ = [
+    "BASELINE",
+    "HarnessConfig",
+    "HarnessResult",
+    "LLMFactory",
+    "MeteredLLM",
+    "PhaseStats",
+    "ProgressBar",
+    "run_harness",
+]
+
+BASELINE = "none"
+"""The name of the empty playbook in results (no learning)."""
+
+
+class ProgressBar(Protocol):
+    def update(self, done: int, total: int, note: str = "") -> None: ...
+
+    def close(self) -> None: ...
+
+
+LLMFactory = Callable[[str], contextlib.AbstractAsyncContextManager[LLM]]
+ProgressFactory = Callable[[str], ProgressBar]
+
+
+@dataclass
+class PhaseStats:
+    """What one phase (or one evaluated playbook) cost. Cached answers count their recorded tokens and are
+    also counted in ``cached``; ``simulated`` counts answers the server labelled as the Combee simulator."""
+
+    wall_s: float = 0.0
+    calls: int = 0
+    cached: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    simulated: int = 0
+    models: set[str] = field(default_factory=set)
+
+    def add(self, response: ChatResponse) -> None:
+        self.calls += 1
+        self.cached += int(response.cached)
+        self.prompt_tokens += response.usage.prompt_tokens
+        self.completion_tokens += response.usage.completion_tokens
+        self.simulated += int(response.simulated)
+        if response.model:
+            self.models.add(response.model)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "wall_s": round(self.wall_s, 3),
+            "calls": self.calls,
+            "cached_calls": self.cached,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "tokens": self.prompt_tokens + self.completion_tokens,
+            "simulated_answers": self.simulated,
+        }
+
+
+class MeteredLLM:
+    """The port, counting every answer into a :class:`PhaseStats`."""
+
+    def __init__(self, inner: LLM, stats: PhaseStats) -> None:
+        self.inner = inner
+        self.stats = stats
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        response = await self.inner.complete(request)
+        self.stats.add(response)
+        return response
+
+
+@dataclass(frozen=True)
+class HarnessConfig:
+    """What to run. ``methods`` maps a method name to its learner configuration, run in that order."""
+
+    task: str
+    train: Sequence[Question]
+    test: Sequence[Question]
+    methods: Mapping[str, LearnConfig]
+    concurrency: int = 4
+
+
+@dataclass
+class HarnessResult:
+    config: HarnessConfig
+    train_attempts: list[Attempt]
+    traces: list[Trace]
+    learned: dict[str, LearnResult]
+    evals: dict[str, list[Attempt]]
+    playbooks: dict[str, Playbook]
+    phases: dict[str, PhaseStats]
+    wall_s: float
+
+
+class _Quiet:
+    def update(self, done: int, total: int, note: str = "") -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _learn_progress(bar: ProgressBar) -> Callable[[int, int, Playbook], None]:
+    def update(done: int, total: int, playbook: Playbook) -> None:
+        bar.update(done, total, f"{len(playbook.bullets)} bullets")
+
+    return update
+
+
+async def run_harness(
+    config: HarnessConfig,
+    llm_for: LLMFactory,
+    *,
+    progress: ProgressFactory | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> HarnessResult:
+    """Run the three phases (module docstring) and return everything they produced, uncut.
+
+    LLM-layer errors (endpoint gone after retries) propagate; with a response cache a re-run resumes cheaply.
+    """
+
+    def bar(label: str) -> ProgressBar:
+        return progress(label) if progress is not None else _Quiet()
+
+    started = clock()
+    phases: dict[str, PhaseStats] = {}
+    empty = Playbook(namespace=config.task)
+
+    # 1. traces, with the empty playbook
+    stats = phases.setdefault("traces", PhaseStats())
+    p = bar("traces (agent, empty playbook)")
+    t0 = clock()
+    async with llm_for("traces") as llm:
+        train_attempts = await answer_all(
+            MeteredLLM(llm, stats), config.task, config.train, empty, concurrency=config.concurrency,
+            progress=p.update,
+        )  # fmt: skip
+    stats.wall_s = clock() - t0
+    p.close()
+    traces = [to_trace(a, namespace=config.task, playbook_version=empty.version) for a in train_attempts]
+
+    # 2. learn the same traces with every method
+    learned: dict[str, LearnResult] = {}
+    for method, learn_config in config.methods.items():
+        stats = phases.setdefault(f"learn-{method}", PhaseStats())
+        p = bar(f"learning ({method})")
+        t0 = clock()
+        async with llm_for(f"learn-{method}") as llm:
+            learned[method] = await learn(
+                traces, MeteredLLM(llm, stats), learn_config, progress=_learn_progress(p), clock=clock
+            )
+        stats.wall_s = clock() - t0
+        p.close()
+
+    # 3. evaluate the empty playbook and every learned one on the same test questions
+    playbooks = {BASELINE: empty, **{m: r.playbook for m, r in learned.items()}}
+    evals: dict[str, list[Attempt]] = {}
+    async with llm_for("eval") as llm:
+        for name, playbook in playbooks.items():
+            stats = phases.setdefault(f"eval-{name}", PhaseStats())
+            p = bar(f"evaluating ({name}, {len(playbook.bullets)} bullets)")
+            t0 = clock()
+            evals[name] = await answer_all(
+                MeteredLLM(llm, stats), config.task, config.test, playbook, concurrency=config.concurrency,
+                progress=p.update,
+            )  # fmt: skip
+            stats.wall_s = clock() - t0
+            p.close()
+
+    return HarnessResult(
+        config=config,
+        train_attempts=train_attempts,
+        traces=traces,
+        learned=learned,
+        evals=evals,
+        playbooks=playbooks,
+        phases=phases,
+        wall_s=clock() - started,
+    )

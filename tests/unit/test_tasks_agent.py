@@ -1,0 +1,113 @@
+"""Finance data rows, answering with a playbook, and the traces `combee learn` reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from combee.errors import ConfigError
+from combee.llm import ChatRequest, Role
+from combee.models import LIMITS, Playbook
+from combee.tasks.agent import answer_all, clip, to_trace
+from combee.tasks.data import Question, load_questions, pick
+from combee.tracefile import parse_trace
+from tests.fakes import ScriptedLLM
+
+ROWS = [
+    {"context": 'Use formula ROI. Question: "Gain 150, cost 100?". Answer:', "target": "50.0"},
+    {"context": 'Use formula Margin. Question: "Income 45, revenue 300?". Answer:', "target": "15.0"},
+    {"context": 'Use formula DDM. Question: "D1 4, r 13%, g 3%?". Answer:', "target": "40.0"},
+]
+
+
+def reply(answer: str, reasoning: str = "worked it out") -> str:
+    return json.dumps({"reasoning": reasoning, "final_answer": answer})
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "formula_tiny.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in ROWS) + "\n\n")
+    return path
+
+
+def test_load_questions_names_rows_by_file_and_line(data_file: Path) -> None:
+    qs = load_questions(data_file)
+    assert [q.id for q in qs] == ["formula_tiny:1", "formula_tiny:2", "formula_tiny:3"]
+    assert qs[1].target == "15.0"
+
+
+def test_load_questions_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_questions(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"context": "x"}\n')
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:1"):
+        load_questions(bad)
+
+
+def test_pick_is_seeded_distinct_and_bounded(data_file: Path) -> None:
+    qs = load_questions(data_file)
+    assert pick(qs, 2, 7, "train") == pick(qs, 2, 7, "train")
+    assert len({q.id for q in pick(qs, 3, 7, "train")}) == 3
+    with pytest.raises(ConfigError, match="holds 3"):
+        pick(qs, 4, 0, "train")
+
+
+async def test_answers_use_the_playbook_as_system_prompt_and_become_learnable_traces(data_file: Path) -> None:
+    qs = load_questions(data_file)
+    answers = {"50.0": reply("50"), "15.0": reply("15%"), "40.0": "no json here"}
+
+    def script(request: ChatRequest) -> str:
+        user = "\n".join(m.content for m in request.messages if m.role == "user")
+        q = next(q for q in qs if json.dumps(q.context)[1:20] in user)
+        return answers[q.target]
+
+    llm = ScriptedLLM(script)
+    playbook = Playbook(namespace="formula")
+    seen: list[tuple[int, int]] = []
+    attempts = await answer_all(llm, "formula", qs, playbook, concurrency=2, progress=lambda d, t: seen.append((d, t)))
+    assert [a.question.id for a in attempts] == [q.id for q in qs]
+    assert seen[-1] == (3, 3)
+    assert all(r.role is Role.GENERATOR for r in llm.requests)
+    assert llm.max_in_flight <= 2
+    assert [a.grade.success for a in attempts] == [True, True, False]
+    assert attempts[2].extracted.how == "none"
+
+    traces = [to_trace(a, namespace="formula") for a in attempts]
+    for trace in traces:  # exactly what `combee learn --traces` reads
+        assert parse_trace(trace.model_dump_json(exclude_none=True)) == trace
+    ok, wrong = traces[1], traces[2]
+    assert ok.task == qs[1].context
+    assert ok.feedback.success is True and ok.feedback.ground_truth == "15.0"
+    assert "Correct" in (ok.feedback.message or "") and "'15%'" in (ok.feedback.message or "")
+    assert ok.output == "Reasoning: worked it out\nFinal answer: 15%"  # what the reflector reads
+    assert wrong.feedback.success is False
+    assert "no final answer" in (wrong.feedback.message or "") and "'40.0'" in (wrong.feedback.message or "")
+    assert wrong.output == "no json here"
+    assert ok.metadata["question_id"] == "formula_tiny:2"
+
+
+def test_long_contexts_are_clipped_to_the_trace_limit_keeping_head_and_tail() -> None:
+    text = "HEAD" + "x" * 20_000 + "TAIL"
+    out = clip(text, LIMITS.task_chars)
+    assert len(out) <= LIMITS.task_chars
+    assert out.startswith("HEAD") and out.endswith("TAIL") and "characters omitted" in out
+    assert clip("short", 100) == "short"
+
+
+def test_a_finer_sized_question_still_makes_a_valid_trace() -> None:
+    from combee.llm import ChatResponse
+    from combee.tasks.agent import Attempt, grade
+    from combee.tasks.grading import extract_answer
+
+    q = Question("finer_x:1", "options: " + ",".join(["Tag"] * 3000) + " 1. What is the tag?", "a,b,c,d")
+    raw = reply("a,b,x,d")
+    found = extract_answer(raw)
+    attempt = Attempt(q, raw, found, grade("finer", found.answer, q.target), ChatResponse(text=raw))
+    trace = to_trace(attempt, namespace="finer")
+    assert len(trace.task) <= LIMITS.task_chars and trace.task.endswith("What is the tag?")
+    assert trace.feedback.score == 0.75 and trace.feedback.success is False
+    assert "3 of 4 labels right" in (trace.feedback.message or "")
