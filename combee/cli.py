@@ -219,6 +219,12 @@ def metrics_document(result: Any, *, method: str, settings: Any, extra: dict[str
             "cached": s.cached,
             "parse_failures": s.parse_failures,
             "max_prompt_tokens": s.max_prompt_tokens,
+            "repairs": s.repairs,
+            "repaired": s.repaired,
+            "gave_up": s.gave_up,
+            "salvaged": s.salvaged,
+            "invalid_items": s.invalid_items,
+            "failure_kinds": dict(sorted(s.failure_kinds.items())),
         }
         for role, s in sorted(meter.roles.items())
     }
@@ -489,9 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from combee.bench.cli import add_bench_command
     from combee.cli_stream import add_stream_commands
+    from combee.tasks.cli import add_task_command
 
     add_stream_commands(sub)
     add_bench_command(sub)
+    add_task_command(sub)
     return parser
 
 

@@ -1,0 +1,286 @@
+"""``combee task formula|finer``: the paper's finance tasks with any OpenAI-compatible model.
+
+The agent (generator role) answers the training questions with the empty playbook; the graded answers become
+traces; sequential, naive (one batch) and Combee (one batch, or ``--batch-size``) learn those same traces
+offline; the empty playbook and every learned one answer the same held-out test questions. Writes
+``results.json``, ``results.md``, ``accuracy.png``, ``traces.jsonl`` (what ``combee learn`` reads),
+``playbooks/`` and ``answers/`` (every raw answer, graded) into ``--out``.
+
+The default endpoint is the local model of ``python -m deploy.llm up`` (``http://127.0.0.1:8090/v1``, model
+``local``) unless ``--base-url``/``--model`` or ``OPENAI_BASE_URL``/``COMBEE_MODEL`` say otherwise. ``--sim``
+runs the same command against the Combee simulator in this process (SIMULATED answers; for CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["DATA_ENV", "add_task_command", "configure_parser", "default_data_dir", "probe_models"]
+
+DATA_ENV = "COMBEE_FINANCE_DATA"
+LOCAL_BASE_URL = "http://127.0.0.1:8090/v1"
+LOCAL_MODEL = "local"
+FULL = (60, 100)  # the issue's acceptance size: >= 60 training traces, >= 100 test questions
+QUICK = (16, 30)
+METHODS = ("sequential", "naive", "combee")
+
+
+def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$COMBEE_FINANCE_DATA``, else ``../shared/data/ace-agent-ace/finance/data`` next to this repository."""
+    if environ.get(DATA_ENV):
+        return Path(environ[DATA_ENV])
+    repo = Path(__file__).resolve().parents[2]
+    return repo.parent / "shared" / "data" / "ace-agent-ace" / "finance" / "data"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(set(values) - set(METHODS))
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"methods are {', '.join(METHODS)}; got {text!r}")
+    return tuple(m for m in METHODS if m in values)
+
+
+def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("task", choices=["formula", "finer"])
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--quick", action="store_true", help=f"{QUICK[0]} training / {QUICK[1]} test questions (explicit sizes win)"
+    )
+    p.add_argument("--n-train", type=_positive_int, help=f"training questions → traces (default {FULL[0]})")
+    p.add_argument("--n-test", type=_positive_int, help=f"held-out test questions (default {FULL[1]})")
+    p.add_argument("--batch-size", type=_positive_int, help="batch of naive and Combee (default: all traces)")
+    p.add_argument("--methods", type=_methods, default=METHODS, help="subset of sequential,naive,combee")
+    p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")
+    p.add_argument("--data-dir", type=Path, help=f"the finance data (default ${DATA_ENV} or ../shared/...)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    g = p.add_argument_group("LLM endpoint")
+    g.add_argument("--base-url", help=f"OpenAI-compatible base URL (default $OPENAI_BASE_URL or {LOCAL_BASE_URL})")
+    g.add_argument("--model", help=f"model for every role (default $COMBEE_MODEL or {LOCAL_MODEL!r})")
+    g.add_argument("--llm-concurrency", type=_positive_int, default=None, help="requests in flight (default 4)")
+    g.add_argument("--llm-timeout", type=float, help="seconds per request (default 600: a CPU model queues)")
+    g.add_argument("--cache-dir", type=Path, help="response cache root (default OUT/cache; one subdir per phase)")
+    g.add_argument("--no-cache", action="store_true", help="no response cache")
+    g.add_argument("--sim", action="store_true", help="use the Combee simulator in this process (SIMULATED)")
+    g.add_argument("--sim-time-scale", type=float, default=0.01, help="simulated delay multiplier (with --sim)")
+    return p
+
+
+def add_task_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``task`` on ``combee``'s subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "task",
+        help="the finance tasks (Formula, FiNER) with a real or simulated model: accuracy per method",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    configure_parser(p)
+    p.set_defaults(func=cmd_task)
+    return p
+
+
+def _display_url(url: str) -> str:
+    from combee.settings import redact_url
+
+    parts = urlsplit(url)
+    return redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
+
+
+def probe_models(base_url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """``GET {base_url}/models``'s model cards. Raises OSError/ValueError when the endpoint does not answer."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(base_url.rstrip("/") + "/models", timeout=timeout_s) as response:
+        doc = json.loads(response.read())
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return [card for card in data or [] if isinstance(card, dict)]
+
+
+def _is_simulator(cards: Sequence[Mapping[str, Any]]) -> bool:
+    return any("combee-sim" in str(card.get("owned_by", "")) for card in cards)
+
+
+def _settings(args: argparse.Namespace, base_url: str | None) -> Any:
+    from combee.cli import CliError, given_options
+    from combee.settings import Settings
+
+    mapping = {"base_url": "openai_base_url", "model": "model", "llm_concurrency": "llm_max_concurrency",
+               "llm_timeout": "llm_timeout_s"}  # fmt: skip
+    overrides = given_options(args, mapping)
+    if base_url is not None:
+        overrides["openai_base_url"], overrides["model"] = base_url, "combee-sim"
+    try:
+        settings = Settings(**overrides)
+    except Exception as exc:  # pydantic ValidationError: one line, no traceback
+        raise CliError(f"invalid setting: {str(exc).strip().splitlines()[0:3]}") from None
+    # The harness's own defaults where neither an option nor the environment chose: the local model, a few
+    # requests in flight (a CPU server has a few slots) and a timeout long enough for its queue.
+    defaults = {"openai_base_url": LOCAL_BASE_URL, "model": LOCAL_MODEL, "llm_max_concurrency": 4,
+                "llm_timeout_s": 600.0}  # fmt: skip
+    return settings.model_copy(update={k: v for k, v in defaults.items() if k not in settings.model_fields_set})
+
+
+def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[str, Any]:
+    from combee.cli import method_config
+    from combee.learner import LearnConfig
+
+    return {m: LearnConfig(method=method_config(settings, m), batch_size=1 if m == "sequential" else batch)
+            for m in methods}  # fmt: skip
+
+
+def _write_outputs(out: Path, result: Any, doc: Mapping[str, Any]) -> None:
+    from combee.playbook import render_prompt
+    from combee.tasks.report import markdown, write_plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(doc))
+    with (out / "traces.jsonl").open("w") as fh:
+        for trace in result.traces:
+            fh.write(trace.model_dump_json(exclude_none=True) + "\n")
+    (out / "playbooks").mkdir(exist_ok=True)
+    for name, playbook in result.playbooks.items():
+        (out / "playbooks" / f"{name}.json").write_text(playbook.model_dump_json(indent=2) + "\n")
+        (out / "playbooks" / f"{name}.md").write_text(render_prompt(playbook))
+    (out / "answers").mkdir(exist_ok=True)
+    for name, attempts in [("traces", result.train_attempts), *result.evals.items()]:
+        with (out / "answers" / f"{name}.jsonl").open("w") as fh:
+            for a in attempts:
+                fh.write(json.dumps(a.record(), ensure_ascii=False) + "\n")
+    try:
+        write_plot(doc, out / "accuracy.png")
+    except ImportError:
+        sys.stderr.write("combee task: matplotlib is not installed (pip install -e '.[bench]'): no accuracy.png\n")
+
+
+async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
+    from combee.cli import CliError, Progress, build_llm
+    from combee.llm import Role
+    from combee.tasks.data import TASKS, load_questions, pick
+    from combee.tasks.report import document
+    from combee.tasks.run import HarnessConfig, run_harness
+
+    spec = TASKS[args.task]
+    data_dir = args.data_dir or default_data_dir()
+    n_train = args.n_train or (QUICK[0] if args.quick else FULL[0])
+    n_test = args.n_test or (QUICK[1] if args.quick else FULL[1])
+    train = pick(load_questions(data_dir / spec.train_file), n_train, args.seed, "train")
+    test = pick(load_questions(data_dir / spec.test_file), n_test, args.seed, "test")
+    batch = args.batch_size or n_train
+
+    async with contextlib.AsyncExitStack() as stack:
+        sim_url = None
+        if args.sim:
+            from combee.sim.config import SimConfig
+            from combee.sim.runner import SimThread
+
+            sim = stack.enter_context(SimThread(SimConfig(seed=args.seed, time_scale=args.sim_time_scale),
+                                                world="combee"))  # fmt: skip
+            sim_url = sim.base_url
+            err.write(f"combee task: SIMULATED model (Combee simulator, in this process) at {sim_url}\n")
+        settings = _settings(args, sim_url)
+        endpoint = _display_url(settings.openai_base_url)
+        try:
+            cards = await asyncio.to_thread(probe_models, settings.openai_base_url)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot reach the model at {endpoint}/models ({exc})", code=3) from None
+        cache_root = None if args.no_cache else (args.cache_dir or args.out / "cache")
+
+        @contextlib.asynccontextmanager
+        async def llm_for(phase: str) -> AsyncIterator[Any]:
+            phase_settings = settings.model_copy(update={"cache_dir": cache_root / phase if cache_root else None})
+            llm = build_llm(phase_settings)
+            try:
+                yield llm
+            finally:
+                await llm.aclose()
+
+        config = HarnessConfig(
+            task=spec.name,
+            train=train,
+            test=test,
+            methods=_learn_configs(settings, args.methods, batch),
+            concurrency=settings.llm_max_concurrency,
+        )
+        load_start = os.getloadavg()
+        result = await run_harness(config, llm_for, progress=lambda label: Progress(label, err, quiet=args.quiet))
+        load_end = os.getloadavg()
+
+    answers = sum(s.calls for s in result.phases.values())
+    simulated_answers = sum(s.simulated for s in result.phases.values())
+    meta = {
+        "task": spec.name,
+        "simulated": _is_simulator(cards) or (answers > 0 and simulated_answers == answers),
+        "model": settings.model_for(Role.GENERATOR),
+        "models": {role.value: model for role, model in settings.models().items()},
+        "endpoint": endpoint,
+        "endpoint_models": [{"id": c.get("id"), "owned_by": c.get("owned_by")} for c in cards],
+        "seed": args.seed,
+        "batch_size": batch,
+        "data": {"dir": str(data_dir), "train_file": spec.train_file, "test_file": spec.test_file, "note": spec.note},
+        "grading": _grading(spec.name),
+        "method_config": {
+            "p": settings.p,
+            "max_group_items": settings.max_group_items,
+            "max_fan_in": settings.max_fan_in,
+            "token_budget": settings.token_budget,
+        },
+        "llm": {
+            "concurrency": settings.llm_max_concurrency,
+            "timeout_s": settings.llm_timeout_s,
+            "structured_output": settings.structured_output,
+            "cache": str(cache_root) if cache_root else None,
+        },
+        "machine": {"cores": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": load_end},
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in sorted(vars(args).items()) if k != "func"},
+    }
+    doc = document(result, meta, seed=args.seed)
+    _write_outputs(args.out, result, doc)
+    return doc
+
+
+def _grading(task: str) -> dict[str, str]:
+    if task == "formula":
+        return {
+            "accuracy": "remove , $ % and whitespace; '(x)' is -x; round both to 2 decimals (half up); equal; "
+            "non-numbers: equal strings",
+            "upstream_accuracy": "remove ','; float(pred) == float(target); non-numbers: equal strings",
+            "success": "accuracy rule",
+        }
+    return {
+        "accuracy": "label-level: split on ',', lower/strip, position by position (numbers as numbers), "
+        "short answers padded, long ones truncated",
+        "upstream_accuracy": "the same (upstream reports label-level accuracy)",
+        "success": "all 4 labels right (sample-level)",
+    }
+
+
+def cmd_task(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    doc = asyncio.run(_run(args, sys.stderr))
+    sys.stdout.write((args.out / "results.md").read_text())
+    sys.stdout.write(
+        f"wrote {args.out / 'results.json'}, results.md, accuracy.png, traces.jsonl, playbooks/, answers/ "
+        f"({time.monotonic() - started:.0f} s)" + (" — SIMULATED model\n" if doc["simulated"] else "\n")
+    )
+    return 0

@@ -1,0 +1,251 @@
+"""The finance harness's report: ``results.json`` document, Markdown table and plot (pure but for the PNG).
+
+Accuracy intervals are percentile bootstrap intervals over test questions: ``resamples`` draws (default
+2,000) of n question indices with replacement, from a RNG seeded by the run's seed. The *same* draws are used
+for every playbook, so the interval of a difference to the empty playbook (``delta_vs_none``) is paired.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from combee.playbook import playbook_tokens
+from combee.tasks.run import BASELINE, HarnessResult
+
+__all__ = ["bootstrap_indices", "document", "interval", "markdown", "write_plot"]
+
+LEVEL = 0.95
+
+
+def bootstrap_indices(n: int, resamples: int, seed: int) -> list[list[int]]:
+    """``resamples`` lists of ``n`` indices in ``range(n)``, drawn with replacement from ``Random(seed)``."""
+    rng = random.Random(seed)
+    return [[rng.randrange(n) for _ in range(n)] for _ in range(resamples)] if n else []
+
+
+def interval(values: Sequence[float], draws: Sequence[Sequence[int]], level: float = LEVEL) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of ``values`` over ``draws`` (from :func:`bootstrap_indices`)."""
+    if not values or not draws:
+        return (math.nan, math.nan)
+    means = sorted(sum(values[i] for i in draw) / len(draw) for draw in draws)
+    alpha = (1.0 - level) / 2.0
+    lo = means[math.floor(alpha * len(means))]
+    hi = means[max(0, math.ceil((1.0 - alpha) * len(means)) - 1)]
+    return (lo, hi)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _r(value: float, digits: int = 4) -> float | None:
+    return None if math.isnan(value) else round(value, digits)
+
+
+def _found_by(attempts: Sequence[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for a in attempts:
+        counts[a.extracted.how] = counts.get(a.extracted.how, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int = 2000, seed: int = 0) -> dict:
+    """The ``results.json`` document: ``meta`` (endpoint, model, simulated, data, options) plus every figure."""
+    draws = bootstrap_indices(len(result.config.test), resamples, seed)
+    base_scores = [a.grade.score for a in result.evals[BASELINE]]
+    methods: list[dict[str, Any]] = []
+    for name, attempts in result.evals.items():
+        scores = [a.grade.score for a in attempts]
+        upstream = [a.grade.upstream for a in attempts]
+        success = [float(a.grade.success) for a in attempts]
+        deltas = [s - b for s, b in zip(scores, base_scores, strict=True)]
+        playbook = result.playbooks[name]
+        row: dict[str, Any] = {
+            "method": name,
+            "accuracy": _r(_mean(scores)),
+            "ci95": [_r(x) for x in interval(scores, draws)],
+            "upstream_accuracy": _r(_mean(upstream)),
+            "upstream_ci95": [_r(x) for x in interval(upstream, draws)],
+            "all_correct": _r(_mean(success)),
+            "no_answer": sum(a.extracted.answer is None for a in attempts),
+            "answers_found_by": _found_by(attempts),
+            "playbook_entries": len(playbook.bullets),
+            "playbook_tokens": playbook_tokens(playbook),
+            "eval": result.phases[f"eval-{name}"].as_dict(),
+            "learn": None,
+        }
+        if name != BASELINE:
+            row["delta_vs_none"] = {"mean": _r(_mean(deltas)), "ci95": [_r(x) for x in interval(deltas, draws)]}
+            learned = result.learned[name]
+            meter = learned.meter
+            row["learn"] = {
+                **result.phases[f"learn-{name}"].as_dict(),
+                "iterations": len(learned.iterations),
+                "batch_sizes": learned.batch_sizes,
+                "calls_by_role": {role: s.calls for role, s in sorted(meter.roles.items())},
+                "parse_failures": {role: s.parse_failures for role, s in sorted(meter.roles.items())},
+                "skipped_traces": meter.skipped_traces,
+                "skipped_groups": meter.skipped_groups,
+                "merge_fallbacks": meter.merge_fallbacks,
+            }
+        methods.append(row)
+    learn_wall = {m["method"]: m["learn"]["wall_s"] for m in methods if m["learn"]}
+    ratio: dict[str, Any] = {}
+    if learn_wall.get("sequential") and "combee" in learn_wall:
+        ratio = {
+            "combee_learn_wall_s": learn_wall["combee"],
+            "sequential_learn_wall_s": learn_wall["sequential"],
+            "ratio": round(learn_wall["combee"] / learn_wall["sequential"], 4),
+            "speedup": round(learn_wall["sequential"] / learn_wall["combee"], 3) if learn_wall["combee"] else None,
+        }
+    train = result.train_attempts
+    cached = sum(s.cached for s in result.phases.values())
+    return {
+        **meta,
+        "mode": "offline: one set of training traces (empty playbook), learned by every method",
+        "n_train": len(result.config.train),
+        "n_test": len(result.config.test),
+        "train_ids": [q.id for q in result.config.train],
+        "test_ids": [q.id for q in result.config.test],
+        "traces": {
+            **result.phases["traces"].as_dict(),
+            "success_rate": _r(_mean([float(a.grade.success) for a in train])),
+            "answers_found_by": _found_by(train),
+        },
+        "methods": methods,
+        "combee_vs_sequential_learning": ratio,
+        "bootstrap": {"resamples": resamples, "seed": seed, "level": LEVEL, "unit": "test question"},
+        "served_models": sorted({m for s in result.phases.values() for m in s.models}),
+        "cached_calls": cached,
+        "wall_s": round(result.wall_s, 3),
+    }
+
+
+# --- Markdown -------------------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def _ci(ci: Sequence[float | None]) -> str:
+    lo, hi = ci
+    return "–" if lo is None or hi is None else f"[{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1000:.1f} k" if n >= 1000 else str(n)
+
+
+def _learn_cached(doc: Mapping[str, Any]) -> bool:
+    return any(m["learn"]["cached_calls"] for m in doc["methods"] if m["method"] in ("sequential", "combee"))
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    """``results.md``: provenance lines, the accuracy and cost table, and the learning-time ratio."""
+    label = "SIMULATED (Combee simulator; not a real model)" if doc["simulated"] else "real model"
+    headline = "label-level accuracy" if doc["task"] == "finer" else "accuracy (2-decimal rule)"
+    upstream = "upstream rule" if doc["task"] == "formula" else "all 4 labels"
+    lines = [
+        f"# {doc['task']}: accuracy before and after learning — {label}",
+        "",
+        f"Model `{doc['model']}` at `{doc['endpoint']}` ({label}); {doc['n_train']} training questions → traces "
+        f"(empty playbook), {doc['n_test']} test questions, seed {doc['seed']}; batch size "
+        f"{doc['batch_size']} for naive and Combee; {doc['mode']}.",
+        "",
+        f"| playbook | entries | {headline} % | 95 % CI | {upstream} % | Δ vs none (95 % CI) | no answer "
+        "| learn wall s | learn calls | learn tokens | eval wall s | eval calls | eval tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in doc["methods"]:
+        learn = m["learn"]
+        second = m["upstream_accuracy"] if doc["task"] == "formula" else m["all_correct"]
+        delta = m.get("delta_vs_none")
+        delta_text = "–" if delta is None else f"{100 * delta['mean']:+.1f} {_ci(delta['ci95'])}"
+        learn_cols = (
+            ["–", "–", "–"]
+            if learn is None
+            else [f"{learn['wall_s']:.1f}", str(learn["calls"]), _tokens(learn["tokens"])]
+        )
+        ev = m["eval"]
+        lines.append(
+            f"| {m['method']} | {m['playbook_entries']} | {_pct(m['accuracy'])} | {_ci(m['ci95'])} | {_pct(second)} "
+            f"| {delta_text} | {m['no_answer']} | {' | '.join(learn_cols)} | {ev['wall_s']:.1f} | {ev['calls']} "
+            f"| {_tokens(ev['tokens'])} |"
+        )
+    tr = doc["traces"]
+    lines += [
+        "",
+        f"Trace collection: {tr['calls']} generator calls, {tr['wall_s']:.1f} s, {_tokens(tr['tokens'])} tokens; "
+        f"{_pct(tr['success_rate'])} % of training answers were right (the traces' success flag).",
+    ]
+    ratio = doc.get("combee_vs_sequential_learning") or {}
+    if ratio:
+        speedup = f" ({ratio['speedup']:.2f}× as fast)" if ratio["speedup"] else ""
+        cached = " — from cached answers, not a timing" if _learn_cached(doc) else ""
+        lines.append(
+            f"Learning wall time, Combee vs sequential: {ratio['combee_learn_wall_s']:.1f} s vs "
+            f"{ratio['sequential_learn_wall_s']:.1f} s = {ratio['ratio']:.2f}× of sequential{speedup}{cached}."
+        )
+    if doc["cached_calls"]:
+        lines.append(
+            f"{doc['cached_calls']} answers came from the response cache: their wall times are not model timings."
+        )
+    lines += [
+        f"Intervals: percentile bootstrap over test questions ({doc['bootstrap']['resamples']} resamples, seed "
+        f"{doc['bootstrap']['seed']}); Δ is paired (same resamples). Total wall time {doc['wall_s']:.0f} s.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- plot -----------------------------------------------------------------------------------------------
+
+_COLORS = {BASELINE: "#999999", "sequential": "#555555", "naive": "#d62728", "combee": "#1f77b4"}
+
+
+def write_plot(doc: Mapping[str, Any], path: Path) -> Path:
+    """``accuracy.png``: accuracy with its 95 % interval per playbook, and learning/evaluation wall time.
+
+    Raises ImportError when matplotlib is not installed.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["methods"]
+    names = [m["method"] for m in rows]
+    colors = [_COLORS.get(n, "#2ca02c") for n in names]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    acc = [100 * (m["accuracy"] or 0.0) for m in rows]
+    lo = [a - 100 * (m["ci95"][0] if m["ci95"][0] is not None else 0.0) for a, m in zip(acc, rows, strict=True)]
+    hi = [100 * (m["ci95"][1] if m["ci95"][1] is not None else 0.0) - a for a, m in zip(acc, rows, strict=True)]
+    ticks = [f"{m['method']}\n{m['playbook_entries']} entries" for m in rows]
+    ax1.bar(ticks, acc, color=colors, yerr=[lo, hi], capsize=5)
+    ax1.set_ylabel("test accuracy (%) with 95 % bootstrap interval")
+    ax1.set_ylim(0, 100)
+    ax1.grid(True, axis="y", alpha=0.3)
+    learn = [m["learn"]["wall_s"] if m["learn"] else 0.0 for m in rows]
+    evals = [m["eval"]["wall_s"] for m in rows]
+    xs = range(len(rows))
+    ax2.bar([x - 0.2 for x in xs], learn, width=0.4, label="learning", color="#1f77b4")
+    ax2.bar([x + 0.2 for x in xs], evals, width=0.4, label="evaluation", color="#ff7f0e")
+    ax2.set_xticks(list(xs), names)
+    ax2.set_ylabel("wall time (s)")
+    ax2.grid(True, axis="y", alpha=0.3)
+    ax2.legend(fontsize=8)
+    label = "SIMULATED model" if doc["simulated"] else f"model {doc['model']}"
+    fig.suptitle(
+        f"{doc['task']} — {label} — {doc['n_train']} training traces, {doc['n_test']} test questions, "
+        f"batch {doc['batch_size']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,150 @@
+"""The finance harness end to end: scripted model through run_harness, and the CLI against the simulator."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from combee.cli import main
+from combee.engine import Method, MethodConfig
+from combee.learner import LearnConfig
+from combee.llm import LLM, ChatRequest, Role
+from combee.tasks.cli import _display_url, default_data_dir
+from combee.tasks.data import Question
+from combee.tasks.report import document, markdown
+from combee.tasks.run import BASELINE, HarnessConfig, run_harness
+from tests.fakes import ScriptedLLM, block_lines, echo_script
+
+QUESTIONS = [Question(f"q:{i}", f"Question {i}: what is {i} + {i}? Answer:", f"{2 * i}.0") for i in range(1, 9)]
+
+
+def _reply(answer: str) -> str:
+    return json.dumps({"reasoning": "adding", "final_answer": answer})
+
+
+def _script(request: ChatRequest) -> str:
+    if request.role is not Role.GENERATOR:
+        return echo_script(request)
+    system = request.messages[0].content
+    user = request.messages[-1].content
+    i = int(user.split("Question ")[1].split(":")[0])
+    # right on odd questions; with any lesson in the playbook, right on every question
+    return _reply(f"{2 * i}" if i % 2 or "lesson:" in system else "0")
+
+
+async def test_every_method_learns_the_same_traces_and_every_playbook_sees_the_same_test_questions() -> None:
+    llms: dict[str, ScriptedLLM] = {}
+
+    @contextlib.asynccontextmanager
+    async def llm_for(phase: str) -> AsyncIterator[LLM]:
+        llms[phase] = ScriptedLLM(_script)
+        yield llms[phase]
+
+    methods = {
+        "sequential": LearnConfig(MethodConfig(method=Method.SEQUENTIAL), batch_size=1),
+        "naive": LearnConfig(MethodConfig(method=Method.NAIVE), batch_size=4),
+        "combee": LearnConfig(MethodConfig(method=Method.COMBEE), batch_size=4),
+    }
+    config = HarnessConfig(task="formula", train=QUESTIONS[:4], test=QUESTIONS[4:], methods=methods, concurrency=2)
+    ticks = iter(range(10_000))
+    result = await run_harness(config, llm_for, clock=lambda: float(next(ticks)))
+
+    assert sorted(llms) == ["eval", "learn-combee", "learn-naive", "learn-sequential", "traces"]
+    # the agent answered with the empty playbook; 2 of the 4 training answers were right
+    assert [a.grade.success for a in result.train_attempts] == [True, False, True, False]
+    assert [t.task for t in result.traces] == [q.context for q in QUESTIONS[:4]]
+    for method in methods:
+        reflected = [block_lines(r, "trace")[0] for r in llms[f"learn-{method}"].requests if r.role is Role.REFLECTOR]
+        assert [t["task"] for t in reflected] == [q.context for q in QUESTIONS[:4]]
+        assert [t["feedback"]["success"] for t in reflected] == [True, False, True, False]
+    assert list(result.evals) == [BASELINE, "sequential", "naive", "combee"]
+    assert all([a.question.id for a in v] == [q.id for q in QUESTIONS[4:]] for v in result.evals.values())
+    assert result.learned["naive"].batch_sizes == [4]
+    assert result.learned["sequential"].batch_sizes == [1, 1, 1, 1]
+
+    doc = document(result, {"task": "formula", "simulated": False, "model": "m", "endpoint": "e", "seed": 0,
+                             "batch_size": 4}, resamples=200)  # fmt: skip
+    rows = {m["method"]: m for m in doc["methods"]}
+    assert rows[BASELINE]["accuracy"] == 0.5 and rows[BASELINE]["learn"] is None
+    assert rows["combee"]["accuracy"] == 1.0 and rows["combee"]["delta_vs_none"]["mean"] == 0.5
+    assert rows["combee"]["learn"]["calls"] == rows["combee"]["learn"]["calls_by_role"]["reflector"] + sum(
+        n for role, n in rows["combee"]["learn"]["calls_by_role"].items() if role != "reflector"
+    )
+    lo, hi = rows[BASELINE]["ci95"]
+    assert 0.0 <= lo <= 0.5 <= hi <= 1.0
+    assert rows["sequential"]["eval"]["calls"] == 4
+    assert doc["combee_vs_sequential_learning"]["ratio"] > 0
+    assert doc["traces"]["success_rate"] == 0.5
+    text = markdown(doc)
+    assert "| combee |" in text and "real model" in text
+
+
+def _fixture_data(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("formula_train_subset_500.jsonl", "formula_test.jsonl"):
+        rows = [{"context": f"Use formula Sum. Question: \"{i} + {i}?\". Answer:", "target": f"{2 * i}.0"}
+                for i in range(1, 4)]  # fmt: skip
+        (data / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+@pytest.mark.timeout(120)
+def test_the_cli_runs_end_to_end_against_the_simulator_and_a_rerun_comes_from_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["task", "formula", "--sim", "--n-train", "3", "--n-test", "3", "--out", str(out),
+            "--data-dir", str(_fixture_data(tmp_path)), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "SIMULATED" in printed
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["simulated"] is True and doc["model"] == "combee-sim"
+    assert [m["method"] for m in doc["methods"]] == ["none", "sequential", "naive", "combee"]
+    assert all(m["eval"]["calls"] == 3 for m in doc["methods"])
+    assert doc["traces"]["calls"] == 3 and doc["batch_size"] == 3
+    for name in ("results.md", "traces.jsonl", "playbooks/combee.json", "answers/none.jsonl", "accuracy.png"):
+        assert (out / name).exists(), name
+    assert len((out / "traces.jsonl").read_text().splitlines()) == 3
+    assert doc["cached_calls"] == sum(m["eval"]["cached_calls"] for m in doc["methods"])  # fresh cache
+
+    assert main(argv) == 0  # the same run again: every answer from the cache, the same figures
+    again = json.loads((out / "results.json").read_text())
+    assert again["cached_calls"] == again["traces"]["calls"] + sum(
+        m["eval"]["calls"] + (m["learn"]["calls"] if m["learn"] else 0) for m in again["methods"]
+    )
+    assert [m["accuracy"] for m in again["methods"]] == [m["accuracy"] for m in doc["methods"]]
+    assert again["simulated"] is True
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["task", "formula", "--sim", "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path), "--quiet"])
+    assert code == 2
+    assert "data file not found" in capsys.readouterr().err
+    code = main(["task", "formula", "--sim", "--n-train", "9", "--out", str(tmp_path / "o"),
+                 "--data-dir", str(_fixture_data(tmp_path)), "--quiet"])  # fmt: skip
+    assert code == 2
+    assert "holds 3" in capsys.readouterr().err
+
+
+def test_unreachable_endpoint_fails_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["task", "formula", "--base-url", "http://127.0.0.1:9/v1", "--n-train", "2", "--n-test", "2",
+                 "--out", str(tmp_path / "o"), "--data-dir", str(_fixture_data(tmp_path)), "--quiet"])  # fmt: skip
+    assert code == 3
+    assert "cannot reach the model" in capsys.readouterr().err
+
+
+def test_endpoint_display_hides_credentials_and_query() -> None:
+    shown = _display_url("https://user:s3cret@example.com:8443/v1?api_key=abc#x")
+    assert "s3cret" not in shown and "abc" not in shown
+    assert shown.startswith("https://") and shown.endswith("example.com:8443/v1")
+
+
+def test_data_dir_default_and_override() -> None:
+    assert default_data_dir({"COMBEE_FINANCE_DATA": "/data/x"}) == Path("/data/x")
+    assert default_data_dir({}).parts[-5:] == ("shared", "data", "ace-agent-ace", "finance", "data")
