@@ -111,10 +111,17 @@ async def _close(ctx: Learner, rt: NamespaceRuntime, source_partition: int, item
         traces=tuple(b.trace for b in items),
         closed_at=closed_at,
     )
-    await ctx.send(ctx.topics.windows, rt.namespace, envelope, rt.partition)
+    # The slot is taken before the send: the map stage (another task of this process) can receive the window
+    # and release its slot before `send` returns here. Taken after, that release would come first and the slot
+    # would never be given back.
     rt.unseen_windows.add(wid)
-    rt.windows_closed += 1
     rt.closed_at[wid] = time.monotonic()
+    try:
+        await ctx.send(ctx.topics.windows, rt.namespace, envelope, rt.partition)
+    except BaseException:
+        rt.window_seen(wid, None)
+        raise
+    rt.windows_closed += 1
     for b in items:
         await ctx.acks.done(b.event)
     log.info("closed window %s: %d traces (%s)", wid, len(items), why)

@@ -307,3 +307,55 @@ async def test_a_merge_whose_partial_kafka_refused_is_offered_again_without_new_
     records = deltas(kafka, ctx.topics)
     assert sum(r.trace_count for r in records) == 4
     assert ctx.acks.pending() == 0
+
+
+@dataclass
+class EagerWindows(MemoryKafka):
+    """Kafka whose consumer is faster than the producer's ack: a window reaches the map stage (another task of
+    the same process) before `send` returns to the window stage that closed it."""
+
+    ctx: Learner | None = None
+    stream: Stream = field(default_factory=Stream)
+    delivered: set[tuple[str, int, int]] = field(default_factory=set)
+
+    async def send(self, topic: str, key: bytes, value: bytes, partition: int) -> int:
+        offset = await super().send(topic, key, value, partition)
+        if self.ctx is not None and topic == self.ctx.topics.windows:
+            self.delivered.add((topic, partition, offset))
+            await handle_window(self.ctx, self.stream, Event(Msg(topic, partition, offset, key, value)))
+        return offset
+
+
+async def test_a_window_the_map_stage_sees_before_its_send_returns_still_releases_its_slot() -> None:
+    kafka = EagerWindows()
+    first = learner(kafka, ScriptedLLM(echo_script))
+    kafka.ctx = first
+    await feed_traces(first, kafka, Stream(), "alpha", 8)
+    await run_until_quiet(first, kafka, Stream(), set(kafka.delivered))
+    restarted = learner(kafka, ScriptedLLM(echo_script))
+    kafka.ctx = restarted
+    stream = Stream()
+    seen = {(m.topic, m.partition, m.offset) for m in kafka.records(restarted.topics.windows)}
+    rt = restarted.runtime("alpha")
+
+    async def settle() -> None:
+        for _ in range(100):
+            await asyncio.sleep(0.02)  # past max_wait
+            closed = await close_due_windows(restarted)
+            seen.update(kafka.delivered)
+            if not closed and not await pump(restarted, kafka, stream, seen) and not rt.buffered():
+                return
+
+    await redeliver_traces(restarted, kafka, stream, "alpha")  # already windowed: dropped while being sent
+    await settle()
+    assert rt.closed_pending == 0 and rt.buffered() == 0
+    assert rt.windows_closed >= 1 and sum(r.trace_count for r in deltas(kafka, restarted.topics)) == 8
+    part = restarted.home_partition("alpha")
+    for i in range(8, 14):
+        offset = await kafka.send(restarted.topics.traces, b"alpha", trace("alpha", i), part)
+        await handle_trace(
+            restarted, stream, Event(Msg(restarted.topics.traces, part, offset, b"alpha", trace("alpha", i)))
+        )
+    await settle()
+    assert sum(r.trace_count for r in deltas(kafka, restarted.topics)) == 14
+    assert rt.closed_pending == 0
