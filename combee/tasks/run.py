@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from combee.learner import LearnConfig, LearnResult, learn
-from combee.llm import LLM, ChatRequest, ChatResponse
+from combee.llm import LLM, ChatRequest, ChatResponse, Role
 from combee.models import Playbook, Trace
 from combee.tasks.agent import Attempt, answer_all, to_trace
 from combee.tasks.data import Question
@@ -92,7 +92,9 @@ class PhaseStats:
 
 
 class MeteredLLM:
-    """The port, counting every answer into a :class:`PhaseStats`."""
+    """The port, counting every answer into a :class:`PhaseStats`. Says the inner LLM's context window for a
+    role when the inner one can (``context_tokens``), so the core sizes requests as it would without the
+    wrapper."""
 
     def __init__(self, inner: LLM, stats: PhaseStats) -> None:
         self.inner = inner
@@ -102,6 +104,10 @@ class MeteredLLM:
         response = await self.inner.complete(request)
         self.stats.add(response)
         return response
+
+    async def context_tokens(self, role: Role) -> int | None:
+        ask = getattr(self.inner, "context_tokens", None)
+        return await ask(role) if ask is not None else None
 
 
 @dataclass(frozen=True)

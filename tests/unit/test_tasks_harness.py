@@ -148,3 +148,14 @@ def test_endpoint_display_hides_credentials_and_query() -> None:
 def test_data_dir_default_and_override() -> None:
     assert default_data_dir({"COMBEE_FINANCE_DATA": "/data/x"}) == Path("/data/x")
     assert default_data_dir({}).parts[-5:] == ("shared", "data", "ace-agent-ace", "finance", "data")
+
+
+async def test_the_metering_wrapper_passes_the_context_window_through() -> None:
+    from combee.tasks.run import MeteredLLM, PhaseStats
+
+    class Sized(ScriptedLLM):
+        async def context_tokens(self, role: Role) -> int | None:
+            return 4096
+
+    assert await MeteredLLM(Sized(_script), PhaseStats()).context_tokens(Role.REFLECTOR) == 4096
+    assert await MeteredLLM(ScriptedLLM(_script), PhaseStats()).context_tokens(Role.REFLECTOR) is None
