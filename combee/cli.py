@@ -484,13 +484,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_sim_traces)
 
     d = sub.add_parser("demo", help="the main job end to end on embedded defaults (simulated model)")
-    d.add_argument("--traces", type=_positive_int, default=300, help="SIMULATED traces to learn from")
+    d.add_argument(
+        "--traces", type=_positive_int, help="traces to learn from (default: 300 SIMULATED, or 6 real with --llm)"
+    )
     d.add_argument("--batch-size", type=_batch_size, default=50)
     d.add_argument("--time-scale", type=float, default=0.02)
     d.add_argument("--out", type=Path, default=Path("var/demo"))
     d.add_argument("--rate", type=float, default=80.0, help="traces per second the SIMULATED fleet publishes")
     d.add_argument("--offline", action="store_true", help="learn in-process only (no Kafka/Redis)")
     d.add_argument("--timeout", type=float, default=600.0, help="give up waiting for the workers after SECONDS")
+    d.add_argument(
+        "--llm",
+        choices=["sim", "local", "endpoint"],
+        default="sim",
+        help="sim: the SIMULATED model (default); local: the real local model (combee llm serve; needs the llm "
+        "extra) on real Formula traces; endpoint: the real model at OPENAI_BASE_URL",
+    )
     d.set_defaults(func=cmd_demo)
 
     from combee.bench.cli import add_bench_command

@@ -5,6 +5,12 @@ worker; publish SIMULATED traces for two namespaces; wait until every trace is l
 namespace's prompt and version *as read back from Redis*; stop everything this command started.
 
 ``--offline``: no Kafka/Redis — the simulator and the offline learner, then the prompt and the metrics.
+
+``--llm local``: the same streaming job against a REAL model — the project's local llama.cpp server
+(deploy/llm.py, started here unless already running) or any endpoint ``OPENAI_BASE_URL`` names with
+``--llm endpoint``. Its traces are real too: the model answers Formula questions from the ACE finance data
+(``../shared/data``) with an empty playbook, each answer graded against the ground truth. Sized for a CPU:
+a handful of traces, one namespace.
 """
 
 from __future__ import annotations
@@ -55,8 +61,12 @@ def spawn_worker(
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if args.traces is None:
+        args.traces = 300 if getattr(args, "llm", "sim") == "sim" else 6
     if args.offline:
         return _offline(args)
+    if getattr(args, "llm", "sim") != "sim":
+        return _streaming_real(args)
     return _streaming(args)
 
 
@@ -186,3 +196,105 @@ async def _wait_learned(
 async def _traces_learned(client: Any) -> int:
     history = await client.history(limit=10_000)
     return sum(int((h.meta or {}).get("traces") or 0) for h in history)
+
+
+# --- against a real model ----------------------------------------------------------------------------------
+
+REAL_NAMESPACE = "finance-formula"
+
+
+def _real_endpoint(args: argparse.Namespace) -> tuple[str, str, bool]:
+    """(base URL, model, started here) of the real model the demo uses."""
+    if args.llm == "endpoint":
+        base_url = os.environ.get("OPENAI_BASE_URL")
+        if not base_url:
+            raise SystemExit("combee demo --llm endpoint: set OPENAI_BASE_URL (and COMBEE_MODEL) first")
+        return base_url, os.environ.get("COMBEE_MODEL", "local"), False
+    from deploy import llm
+
+    cfg, started = llm.up(state_dir=_state_dir())
+    return cfg.base_url, llm.ALIAS, started
+
+
+def _state_dir() -> Path | None:
+    return Path(os.environ["COMBEE_STATE_DIR"]) if os.environ.get("COMBEE_STATE_DIR") else None
+
+
+def real_traces(base_url: str, model: str, n: int, *, seed: int = 0, concurrency: int = 4) -> list[dict[str, Any]]:
+    """``n`` traces of a real agent: the model answers Formula training questions with an empty playbook and
+    each answer is graded against the ground truth (the finance task harness's agent and grader)."""
+    from combee.cli import build_llm
+    from combee.models import Playbook
+    from combee.settings import Settings
+    from combee.tasks.agent import answer_all, to_trace
+    from combee.tasks.cli import default_data_dir
+    from combee.tasks.data import TASKS, load_questions, pick
+
+    spec = TASKS["formula"]
+    questions = pick(load_questions(default_data_dir() / spec.train_file), n, seed, "train")
+    settings = Settings(openai_base_url=base_url, model=model, llm_max_concurrency=concurrency, llm_timeout_s=900.0)
+
+    async def run() -> list[Any]:
+        llm = build_llm(settings)
+        try:
+            return await answer_all(
+                llm, "formula", questions, Playbook(namespace=REAL_NAMESPACE), concurrency=concurrency,
+                progress=lambda done, total: _say(f"agent answered {done}/{total}"),
+            )  # fmt: skip
+        finally:
+            await llm.aclose()
+
+    attempts = asyncio.run(run())
+    right = sum(a.grade.success for a in attempts)
+    _say(f"the agent answered {right} of {len(attempts)} Formula questions correctly (graded against the truth)")
+    return [to_trace(a, namespace=REAL_NAMESPACE).model_dump(mode="json", exclude_none=True) for a in attempts]
+
+
+def _streaming_real(args: argparse.Namespace) -> int:
+    from deploy import llm, local
+
+    base_url, model, llm_started = _real_endpoint(args)
+    _say(f"REAL model {model!r} at {base_url}" + (" (started here)" if llm_started else ""))
+    services = None
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        traces = real_traces(base_url, model, args.traces)
+        services = local.up(_state_dir())
+        bootstrap, redis_url = services.kafka_bootstrap, services.redis_url
+        _say(f"Kafka at {bootstrap}, Redis at {redis_url}")
+        prefix = f"demo{int(time.time())}"
+        args.out.mkdir(parents=True, exist_ok=True)
+        log_path = args.out / "worker.log"
+        os.environ.setdefault("COMBEE_MODEL", model)
+        os.environ.setdefault("COMBEE_LLM_TIMEOUT_S", "900")
+        os.environ.setdefault("COMBEE_LLM_MAX_CONCURRENCY", "4")
+        # one window holds every trace: the demo shows one Combee iteration (map, shuffle, scan) on real data
+        os.environ.setdefault("COMBEE_BS_CANDIDATES", f"[{len(traces)}]")
+        os.environ.setdefault("COMBEE_BS_MIN", "1")
+        worker = spawn_worker(log_path, "--until-idle", "30", base_url=base_url, bootstrap=bootstrap,
+                              redis_url=redis_url, prefix=prefix, max_wait_s=5)  # fmt: skip
+        _say(f"worker pid {worker.pid} (log: {log_path})")
+        from streams.publisher import TracePublisher
+        from streams.topics import Topics
+
+        with TracePublisher(bootstrap, Topics(prefix=prefix)) as publisher:
+            for trace in traces:
+                publisher.publish(trace)
+            publisher.flush(30)
+        _say(f"published {len(traces)} real traces to {prefix}; waiting for the worker (a CPU model is slow)")
+        expected = {REAL_NAMESPACE: len(traces)}
+        results = asyncio.run(_wait_learned(redis_url, prefix, expected, worker, timeout_s=args.timeout))
+        version, prompt, learned = results.get(REAL_NAMESPACE, (0, "", 0))
+        print(f"\n===== namespace {REAL_NAMESPACE}: version {version} (read from Redis; {learned} real traces "
+              f"learned; model {model}) =====")  # fmt: skip
+        print(prompt)
+        return 0 if learned >= len(traces) and prompt.strip() else 1
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.terminate()
+            worker.wait(timeout=60)
+        if services is not None and services.started:
+            local.down(_state_dir(), services=services.started)
+        if llm_started:
+            llm.down(_state_dir())
+            _say("stopped the local model")

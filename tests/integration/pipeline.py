@@ -72,6 +72,7 @@ class Pipeline:
     prefix: str = field(default_factory=lambda: unique("it"))
     sim: SimProcess | None = None
     workers: list[Worker] = field(default_factory=list)
+    base_url: str | None = None  # a real model's endpoint instead of the simulator's
 
     @property
     def topics(self) -> Topics:
@@ -87,10 +88,10 @@ class Pipeline:
         return self.sim
 
     def env(self, **extra: str) -> dict[str, str]:
-        assert self.sim is not None, "start the simulator first"
+        assert self.sim is not None or self.base_url, "start the simulator first (or name a real endpoint)"
         env = {
             **os.environ,
-            "OPENAI_BASE_URL": self.sim.base_url,
+            "OPENAI_BASE_URL": self.base_url or self.sim.base_url,  # type: ignore[union-attr]
             "COMBEE_KAFKA_BOOTSTRAP": self.bootstrap,
             "COMBEE_REDIS_URL": self.redis_url,
             "COMBEE_TOPIC_PREFIX": self.prefix,
