@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CombeeError",
     "ConfigError",
+    "ContextTooSmall",
     "InvalidNamespace",
     "LLMError",
     "LLMParseError",
@@ -56,4 +57,23 @@ class LLMRateLimited(LLMError):
 
 
 class LLMParseError(LLMError, ValueError):
-    """An LLM answer did not parse into the expected structure. Never applied half-parsed."""
+    """An LLM answer did not parse into the expected structure. Never applied half-parsed.
+
+    ``kind`` names the failure for counting (``empty``, ``not_json``, ``not_object``, ``ambiguous``,
+    ``missing_key``, ``bad_shape``, ``too_many``, ``no_valid_items``); the message says precisely what was
+    wrong, in words a model can act on when it is sent back as a repair turn.
+    """
+
+    def __init__(self, message: str, kind: str = "invalid") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ContextTooSmall(LLMError):
+    """Even the smallest useful request does not fit the model's context window; the message has the numbers."""
+
+    def __init__(self, message: str, *, context_tokens: int, prompt_tokens: int, completion_tokens: int) -> None:
+        super().__init__(message)
+        self.context_tokens = context_tokens
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens

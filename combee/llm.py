@@ -13,13 +13,20 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "DEFAULT_REASONING_MODELS",
     "LLM",
     "ChatMessage",
     "ChatRequest",
     "ChatResponse",
+    "KnowsContext",
     "Role",
     "Usage",
+    "context_tokens_of",
 ]
+
+DEFAULT_REASONING_MODELS = r"(?:^|/)(?:o1|o3|o4|gpt-5)(?:$|[-.:_])"
+"""Model names (a regular expression, searched) of OpenAI reasoning models: they refuse ``max_tokens`` and any
+temperature but their default. The ``llm_reasoning_models`` setting overrides it."""
 
 
 class Role(enum.StrEnum):
@@ -78,6 +85,7 @@ class ChatResponse(BaseModel):
     service_time_s: float | None = None
     simulated: bool = False
     cached: bool = False
+    finish_reason: str | None = None  # "stop", "length" (cut off at max_tokens), ... when the server says
 
 
 @runtime_checkable
@@ -90,3 +98,21 @@ class LLM(Protocol):
     """
 
     async def complete(self, request: ChatRequest) -> ChatResponse: ...
+
+
+@runtime_checkable
+class KnowsContext(Protocol):
+    """An :class:`LLM` that can say how many tokens (prompt + completion) one request of ``role`` may use.
+
+    Optional: the core sizes requests (how much of the playbook to show, ``max_tokens``) when the LLM offers
+    it, and sends them unsized otherwise (scripted fakes, replays).
+    """
+
+    async def context_tokens(self, role: Role) -> int | None: ...
+
+
+async def context_tokens_of(llm: LLM, role: Role) -> int | None:
+    """``llm``'s context window for ``role`` in tokens, or None when it does not know one."""
+    if isinstance(llm, KnowsContext):
+        return await llm.context_tokens(role)
+    return None
