@@ -369,7 +369,9 @@ def _stochastic_round(x: float, rng: random.Random) -> int:
 
 
 def _op(op: str, section: str | None = None, content: str | None = None, bullet_id: str | None = None) -> dict:
-    return {"op": op, "section": section, "content": content, "bullet_id": bullet_id}
+    # Only the fields the operation has, as the per-request schema (one shape per operation) asks.
+    fields = {"op": op, "section": section, "content": content, "bullet_id": bullet_id}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @dataclass
@@ -419,6 +421,8 @@ class WorldResponder:
             victim = bullets[_h(b.seed, "victim", trace_block) % len(bullets)]
             if not any(t["bullet_id"] == victim.id for t in tags):
                 tags.append({"bullet_id": victim.id, "tag": "harmful"})
+        if not bullets:  # nothing shown to tag: the request's schema has no tag list
+            return json.dumps({"diagnosis": diagnosis, "insights": insights})
         return json.dumps({"diagnosis": diagnosis, "insights": insights, "bullet_tags": tags})
 
     def _curate(self, user: str, block: str, rng: random.Random) -> str:
@@ -518,7 +522,7 @@ class WorldResponder:
         truth = expected_answer(task)
         wrong = f"{(_h('wrong-answer', task) % 10_000_000) / 100:.2f}"
         answer = truth if _u(b.seed, "correct", task) < p else wrong
-        return json.dumps({"answer": answer})
+        return json.dumps({"reasoning": "Applied the rule the task names.", "final_answer": answer})
 
 
 def retention(playbook_text: str, insights: Iterable[str]) -> float:

@@ -13,10 +13,14 @@ from combee.prompts import (
     Proposal,
     curator_request,
     data_json,
+    load_object,
     parse_answer,
     parse_merge,
     parse_operations,
     parse_reflection,
+    read_merge,
+    read_operations,
+    read_reflection,
     reflector_request,
     resolve_merge,
     validate_templates,
@@ -61,25 +65,93 @@ def test_parse_reflection_ok_and_fenced():
     r = parse_reflection(json.dumps(GOOD_REFLECTION), "t1", 3)
     assert r.insights[0].section == "units_scaling" and r.base_version == 3 and r.tags[0].bullet_id == "b00001"
     assert parse_reflection("```json\n" + json.dumps(GOOD_REFLECTION) + "\n```", "t1", 3) == r
+    assert parse_reflection(json.dumps(GOOD_REFLECTION), "t1", 3, bullet_ids=("b00001",)) == r
 
 
 @pytest.mark.parametrize(
-    "text, reason",
+    "text, kind, reason",
     [
-        ("", "empty"),
-        ("not json", "not valid JSON"),
-        ("[1, 2]", "must be a JSON object"),
-        ('{"insights": "x", "bullet_tags": []}', "must be lists"),
-        (json.dumps({**GOOD_REFLECTION, "insights": [{"section": "s", "content": "x" * 601}]}), "invalid reflection"),
-        (json.dumps({**GOOD_REFLECTION, "insights": [{"section": "s", "content": "c"}] * 9}), "too many insights"),
-        (json.dumps({**GOOD_REFLECTION, "bullet_tags": [{"bullet_id": "nope", "tag": "helpful"}]}), "invalid"),
-        (json.dumps({**GOOD_REFLECTION, "bullet_tags": [{"bullet_id": "b00001", "tag": "great"}]}), "invalid"),
-        ('{"diagnosis": "trunc', "not valid JSON"),
+        ("", "empty", "empty"),
+        ("not json", "not_json", "no JSON object"),
+        ("[1, 2]", "not_object", "must be a JSON object"),
+        ("{}", "missing_key", "missing required key 'insights'"),
+        ('{"diagnosis": "d", "lessons": []}', "missing_key", "keys found: 'diagnosis', 'lessons'"),
+        ('{"insights": "x", "bullet_tags": []}', "bad_shape", "'insights' must be a list"),
+        (
+            json.dumps({**GOOD_REFLECTION, "insights": [{"section": "s", "content": "x" * 601}]}),
+            "no_valid_items",
+            "no usable insight",
+        ),
+        (json.dumps({**GOOD_REFLECTION, "insights": [{"section": "s", "content": "c"}] * 9}), "too_many", "too many"),
+        ('{"diagnosis": "trunc', "not_json", "ends before the JSON object is complete"),
     ],
 )
-def test_parse_reflection_rejects_malformed(text, reason):
-    with pytest.raises(LLMParseError, match=reason):
+def test_parse_reflection_refuses_with_a_kind_and_a_precise_reason(text, kind, reason):
+    with pytest.raises(LLMParseError, match=reason) as info:
         parse_reflection(text, "t1", 0)
+    assert info.value.kind == kind
+
+
+def test_the_issue_case_bogus_tags_on_an_empty_playbook_are_dropped_and_counted_not_fatal():
+    text = json.dumps({**GOOD_REFLECTION, "bullet_tags": [{"bullet_id": "helpful", "tag": "neutral"}]})
+    parsed = read_reflection(text, "t1", 0, bullet_ids=())
+    assert parsed.value.insights and parsed.value.tags == ()
+    assert len(parsed.invalid) == 1 and "bullet_tag 1" in parsed.invalid[0]
+
+
+def test_tags_must_name_a_shown_bullet_and_a_known_tag():
+    tags = [
+        {"bullet_id": "b00001", "tag": "helpful"},
+        {"bullet_id": "b00009", "tag": "helpful"},  # well formed but not shown
+        {"bullet_id": "b00001", "tag": "great"},
+    ]
+    parsed = read_reflection(json.dumps({**GOOD_REFLECTION, "bullet_tags": tags}), "t", 0, bullet_ids=("b00001",))
+    assert [t.bullet_id for t in parsed.value.tags] == ["b00001"] and len(parsed.invalid) == 2
+    assert "not a bullet shown (b00001)" in parsed.invalid[0]
+
+
+def test_bullet_tags_are_required_when_bullets_were_shown():
+    text = json.dumps({"diagnosis": "d", "insights": []})
+    with pytest.raises(LLMParseError, match="missing required key 'bullet_tags'"):
+        read_reflection(text, "t", 0, bullet_ids=("b00001",))
+    assert read_reflection(text, "t", 0, bullet_ids=()).value.insights == ()  # nothing shown: no tags asked for
+
+
+def test_invalid_insights_are_salvaged_one_by_one():
+    insights = [{"section": "s", "content": "keep me"}, {"section": "s", "content": "   "}]
+    parsed = read_reflection(json.dumps({"diagnosis": "", "insights": insights}), "t", 0, bullet_ids=())
+    assert [i.content for i in parsed.value.insights] == ["keep me"] and len(parsed.invalid) == 1
+
+
+BODY = json.dumps(GOOD_REFLECTION)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"```json\n{BODY}\n```",
+        f"```JSON\n{BODY}\n```",
+        f"```Json\n{BODY}```",
+        f"```\n{BODY}\n```",
+        f"Here is the reflection:\n{BODY}\nHope this helps!",
+        f"<think>The user wants {{json}}. Let me see.</think>\n{BODY}",
+        f"<reasoning>\nstep 1 {{\n</reasoning>```json\n{BODY}\n```",
+        f"the model's reasoning without its opening tag</think>{BODY}",
+        f"{BODY}\n{BODY}",  # the same object twice is still one answer
+    ],
+)
+def test_the_object_is_found_in_fences_prose_and_after_reasoning(text):
+    assert load_object(text) == GOOD_REFLECTION
+
+
+def test_two_different_objects_are_ambiguous():
+    with pytest.raises(LLMParseError, match="2 different JSON objects") as info:
+        load_object('{"a": 1} or maybe {"a": 2}')
+    assert info.value.kind == "ambiguous"
+
+
+def test_a_brace_inside_a_string_does_not_confuse_the_search():
+    assert load_object('Answer: {"content": "use {x} and }"} done') == {"content": "use {x} and }"}
 
 
 def test_parse_operations():
@@ -105,13 +177,52 @@ def test_parse_operations():
         ([{"op": "ADD", "section": "s", "content": ""}], "operation 1"),
         ([{"op": "UPDATE", "content": "c"}], "operation 1"),
         ([{"op": "RENAME", "bullet_id": "b00001"}], "unknown operation"),
-        ([{"op": "ADD", "section": "s", "content": "ok"}, {"op": "REMOVE", "bullet_id": "x1"}], "operation 2"),
         ([{"op": "ADD", "section": "s", "content": "c"}] * (LIMITS.ops_per_llm_answer + 1), "too many"),
     ],
 )
-def test_parse_operations_is_all_or_nothing(ops, reason):
+def test_parse_operations_refuses_an_answer_with_nothing_usable(ops, reason):
     with pytest.raises(LLMParseError, match=reason):
         parse_operations(json.dumps({"operations": ops}))
+
+
+def test_a_curator_answer_keeps_its_valid_operations_and_lists_the_invalid():
+    ops = [
+        {"op": "ADD", "section": "s", "content": "ok"},
+        {"op": "REMOVE", "bullet_id": "x1"},
+        {"op": "UPDATE", "bullet_id": "b00009", "content": "not shown"},
+        {"op": "UPDATE", "bullet_id": "b00002", "content": "shown"},
+    ]
+    parsed = read_operations(json.dumps({"operations": ops}), bullet_ids=("b00002",))
+    assert parsed.value == (AddOp(section="s", content="ok"), UpdateOp(bullet_id="b00002", content="shown"))
+    assert [r.split(":")[0] for r in parsed.invalid] == ["operation 2", "operation 3"]
+
+
+@pytest.mark.parametrize("text", ["{}", '{"ops": []}', '{"keep": []}', '{"combine": []}'])
+def test_missing_keys_are_failures_never_an_empty_result(text):
+    with pytest.raises(LLMParseError) as info:
+        read_merge(text) if "ops" not in text and text != "{}" else read_operations(text)
+    assert info.value.kind == "missing_key"
+    with pytest.raises(LLMParseError, match="missing required key"):
+        read_merge(text)
+
+
+def test_an_explicit_empty_merge_keeps_nothing():
+    assert read_merge('{"keep": [], "combine": []}').value == MergeAnswer(keep=(), combine=())
+
+
+def test_merge_ids_that_were_not_listed_are_dropped_and_listed():
+    text = json.dumps(
+        {
+            "keep": ["p1", "p7"],
+            "combine": [
+                {"from": ["p9"], "op": {"op": "ADD", "section": "s", "content": "c"}},
+                {"from": ["p2", "p8"], "op": {"op": "REMOVE", "bullet_id": "b00001"}},
+            ],
+        }
+    )
+    parsed = read_merge(text, proposal_ids=("p1", "p2"), bullet_ids=("b00001",))
+    assert parsed.value.keep == ("p1",) and parsed.value.combine == ((("p2",), RemoveOp(bullet_id="b00001")),)
+    assert len(parsed.invalid) == 3
 
 
 def test_merge_resolution_order_and_unknown_ids():
@@ -133,10 +244,12 @@ def test_parse_merge_rejects_bad_shapes():
 
 
 def test_parse_answer():
-    assert parse_answer('{"answer": " 12.50 "}') == "12.50"
-    assert parse_answer('{"answer": 3}') == "3"
+    assert parse_answer('{"reasoning": "r", "final_answer": " 12.50 "}') == "12.50"
+    assert parse_answer('{"final_answer": 3}') == "3"
     with pytest.raises(LLMParseError):
-        parse_answer('{"answer": null}')
+        parse_answer('{"final_answer": null}')
+    with pytest.raises(LLMParseError, match="missing required key 'final_answer'"):
+        parse_answer('{"answer": "3"}')
 
 
 def test_curator_request_lists_reflections_in_order():
