@@ -22,20 +22,19 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from combee.errors import LLMParseError
-from combee.llm import LLM, ChatRequest, ChatResponse, Role, Usage
+from combee.llm import LLM, ChatResponse, Role, Usage, context_tokens_of
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
 from combee.plan import ReducePlan, plan_reduce, window_id
 from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, normalise_text
 from combee.prompts import (
     DEFAULT_PROMPTS,
+    RETRY_TEMPERATURES,
+    Ask,
     PromptSet,
     Proposal,
-    curator_request,
-    merger_request,
-    parse_merge,
-    parse_operations,
-    parse_reflection,
-    reflector_request,
+    curator_ask,
+    merger_ask,
+    reflector_ask,
     resolve_merge,
 )
 
@@ -74,6 +73,7 @@ class MethodConfig:
     max_fan_in: int = 12
     group_factor: float = 1.0
     parse_attempts: int = 3
+    retry_temperatures: tuple[float, ...] = RETRY_TEMPERATURES
     policy: ApplyPolicy = field(default_factory=ApplyPolicy)
 
     def __post_init__(self) -> None:
@@ -81,6 +81,8 @@ class MethodConfig:
             raise ValueError("p (duplication factor) must be >= 1")
         if self.parse_attempts < 1:
             raise ValueError("parse_attempts must be >= 1")
+        if not self.retry_temperatures or any(t < 0 for t in self.retry_temperatures):
+            raise ValueError("retry_temperatures must be a non-empty list of temperatures >= 0")
 
     def plan(self, n: int, seed_key: str) -> ReducePlan:
         return plan_reduce(
@@ -95,12 +97,42 @@ class MethodConfig:
 
 @dataclass
 class RoleStats:
+    """One role's accounting. An answer that fails to parse is re-asked (up to the attempts allowed):
+
+    ``parse_failures`` counts answers that did not parse (by :attr:`LLMParseError.kind` in ``failure_kinds``),
+    ``repairs`` the re-asks that carried the parser's error back to the model, ``repaired`` the calls that
+    parsed after at least one failure, ``gave_up`` the calls whose every answer failed. ``salvaged`` counts
+    accepted answers from which ``invalid_items`` invalid items (operations, tags, insights, proposal ids)
+    were dropped.
+    """
+
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached: int = 0
     parse_failures: int = 0
     max_prompt_tokens: int = 0
+    repairs: int = 0
+    repaired: int = 0
+    gave_up: int = 0
+    salvaged: int = 0
+    invalid_items: int = 0
+    failure_kinds: dict[str, int] = field(default_factory=dict)
+
+    def absorb(self, other: RoleStats) -> None:
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cached += other.cached
+        self.parse_failures += other.parse_failures
+        self.max_prompt_tokens = max(self.max_prompt_tokens, other.max_prompt_tokens)
+        self.repairs += other.repairs
+        self.repaired += other.repaired
+        self.gave_up += other.gave_up
+        self.salvaged += other.salvaged
+        self.invalid_items += other.invalid_items
+        for kind, n in other.failure_kinds.items():
+            self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + n
 
 
 @dataclass
@@ -131,18 +163,17 @@ class Meter:
             else:
                 self.real = True
 
-    def parse_failure(self, role: Role) -> None:
-        self.roles.setdefault(role.value, RoleStats()).parse_failures += 1
+    def role(self, role: Role) -> RoleStats:
+        return self.roles.setdefault(role.value, RoleStats())
+
+    def parse_failure(self, role: Role, kind: str = "invalid") -> None:
+        s = self.role(role)
+        s.parse_failures += 1
+        s.failure_kinds[kind] = s.failure_kinds.get(kind, 0) + 1
 
     def absorb(self, other: Meter) -> None:
         for role, s in other.roles.items():
-            mine = self.roles.setdefault(role, RoleStats())
-            mine.calls += s.calls
-            mine.prompt_tokens += s.prompt_tokens
-            mine.completion_tokens += s.completion_tokens
-            mine.cached += s.cached
-            mine.parse_failures += s.parse_failures
-            mine.max_prompt_tokens = max(mine.max_prompt_tokens, s.max_prompt_tokens)
+            self.roles.setdefault(role, RoleStats()).absorb(s)
         self.skipped_traces += other.skipped_traces
         self.skipped_groups += other.skipped_groups
         self.merge_fallbacks += other.merge_fallbacks
@@ -175,26 +206,57 @@ class CallOutcome(Generic[V]):
     attempts: int
 
 
+def _problem(error: LLMParseError, response: ChatResponse, max_tokens: int) -> str:
+    """What to tell the model about its rejected answer."""
+    if response.finish_reason == "length":
+        return (
+            f"it stopped at the {max_tokens}-token limit before the JSON object was complete ({error}); "
+            "write fewer and shorter items so that the whole object fits"
+        )
+    return str(error)
+
+
 async def _call_parsed(
     llm: LLM,
-    role: Role,
-    make_request: Callable[[int], ChatRequest],
-    parse: Callable[[str], T],
+    ask: Ask[T],
     attempts: int,
     meter: Meter,
     clock: Callable[[], float],
+    temperatures: Sequence[float] = RETRY_TEMPERATURES,
 ) -> CallOutcome[T]:
+    """Ask until an answer parses, at most ``attempts`` times; every later attempt is a repair turn.
+
+    A repair turn carries the rejected answer and the parser's error back to the model and raises the
+    temperature (``temperatures[attempt]``, the last one repeating), so a re-ask can come out differently.
+    """
     service = 0.0
+    role = ask.role
+    request = ask.request.model_copy(update={"temperature": temperatures[0]})
     for attempt in range(attempts):
         started = clock()
-        response = await llm.complete(make_request(attempt))
+        response = await llm.complete(request)
         elapsed = clock() - started
         meter.record(role, response)
         service += response.service_time_s if response.service_time_s is not None else elapsed
         try:
-            return CallOutcome(parse(response.text), service, attempt + 1)
-        except LLMParseError:
-            meter.parse_failure(role)
+            parsed = ask.parse(response.text)
+        except LLMParseError as exc:
+            meter.parse_failure(role, exc.kind)
+            if attempt + 1 < attempts:
+                temperature = temperatures[min(attempt + 1, len(temperatures) - 1)]
+                problem = _problem(exc, response, request.max_tokens)
+                request = ask.again(attempt + 1, temperature=temperature, answer=response.text, problem=problem)
+                if len(request.messages) > len(ask.request.messages):
+                    meter.role(role).repairs += 1
+            continue
+        stats = meter.role(role)
+        if attempt:
+            stats.repaired += 1
+        if parsed.invalid:
+            stats.salvaged += 1
+            stats.invalid_items += len(parsed.invalid)
+        return CallOutcome(parsed.value, service, attempt + 1)
+    meter.role(role).gave_up += 1
     return CallOutcome(None, service, attempts)
 
 
@@ -207,17 +269,16 @@ async def reflect(
     prompts: PromptSet = DEFAULT_PROMPTS,
     attempts: int = 3,
     clock: Callable[[], float] = time.monotonic,
+    temperatures: Sequence[float] = RETRY_TEMPERATURES,
 ) -> CallOutcome[Reflection]:
-    """Reflect on one trace against ``playbook`` (frozen). A trace whose answers never parse yields None."""
-    outcome = await _call_parsed(
-        llm,
-        Role.REFLECTOR,
-        lambda a: reflector_request(trace, playbook, prompts, attempt=a),
-        lambda text: parse_reflection(text, trace.trace_id, playbook.version),
-        attempts,
-        meter,
-        clock,
-    )
+    """Reflect on one trace against ``playbook`` (frozen). A trace whose answers never parse yields None.
+
+    The request is sized to the LLM's context for the role when it says one (:func:`context_tokens_of`);
+    raises :class:`~combee.errors.ContextTooSmall` when not even the smallest request fits.
+    """
+    context = await context_tokens_of(llm, Role.REFLECTOR)
+    ask = reflector_ask(trace, playbook, prompts, context_tokens=context)
+    outcome = await _call_parsed(llm, ask, attempts, meter, clock, temperatures)
     if outcome.value is None:
         meter.skipped_traces += 1
     return outcome
@@ -232,19 +293,14 @@ async def curate(
     prompts: PromptSet = DEFAULT_PROMPTS,
     attempts: int = 3,
     clock: Callable[[], float] = time.monotonic,
+    temperatures: Sequence[float] = RETRY_TEMPERATURES,
 ) -> CallOutcome[tuple[DeltaOp, ...]]:
     """One curator call over a group; a group whose answers never parse is skipped (value None), counted."""
     if not reflections:
         return CallOutcome((), 0.0, 0)
-    outcome = await _call_parsed(
-        llm,
-        Role.CURATOR,
-        lambda a: curator_request(reflections, playbook, prompts, attempt=a),
-        parse_operations,
-        attempts,
-        meter,
-        clock,
-    )
+    context = await context_tokens_of(llm, Role.CURATOR)
+    ask = curator_ask(reflections, playbook, prompts, context_tokens=context)
+    outcome = await _call_parsed(llm, ask, attempts, meter, clock, temperatures)
     if outcome.value is None:
         meter.skipped_groups += 1
     return outcome
@@ -277,6 +333,7 @@ async def merge(
     prompts: PromptSet = DEFAULT_PROMPTS,
     attempts: int = 3,
     clock: Callable[[], float] = time.monotonic,
+    temperatures: Sequence[float] = RETRY_TEMPERATURES,
 ) -> CallOutcome[tuple[DeltaOp, ...]]:
     """One merge call selecting among the children's operations.
 
@@ -288,15 +345,9 @@ async def merge(
     proposals = proposals_of(partials)
     if not proposals:
         return CallOutcome((), 0.0, 0)
-    outcome = await _call_parsed(
-        llm,
-        Role.MERGER,
-        lambda a: merger_request(proposals, playbook, prompts, attempt=a),
-        parse_merge,
-        attempts,
-        meter,
-        clock,
-    )
+    context = await context_tokens_of(llm, Role.MERGER)
+    ask = merger_ask(proposals, playbook, prompts, context_tokens=context)
+    outcome = await _call_parsed(llm, ask, attempts, meter, clock, temperatures)
     if outcome.value is None:
         meter.merge_fallbacks += 1
         return CallOutcome(_passthrough(partials), outcome.service_s, outcome.attempts)
@@ -365,7 +416,13 @@ async def run_window(
     started = clock()
     meter = Meter()
     attempts = config.parse_attempts
-    kw = {"meter": meter, "prompts": prompts, "attempts": attempts, "clock": clock}
+    kw = {
+        "meter": meter,
+        "prompts": prompts,
+        "attempts": attempts,
+        "clock": clock,
+        "temperatures": config.retry_temperatures,
+    }
 
     reflected = await _gather([reflect(t, playbook, llm, **kw) for t in window.traces])  # type: ignore[arg-type]
     map_s = max((o.service_s for o in reflected), default=0.0)
