@@ -161,6 +161,8 @@ def build_llm(settings: Any) -> Any:
         max_attempts=settings.llm_max_attempts,
         backoff_max_s=settings.llm_backoff_max_s,
         cache_dir=settings.cache_dir,
+        context_tokens=settings.llm_context_tokens,
+        reasoning_models=settings.llm_reasoning_models,
     )
     return OpenAILLM(config)
 

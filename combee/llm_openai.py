@@ -47,18 +47,23 @@ import openai
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from combee.errors import ConfigError, LLMError, LLMRateLimited, LLMUnavailable
-from combee.llm import ChatRequest, ChatResponse, Role, Usage
+from combee.llm import DEFAULT_REASONING_MODELS, ChatRequest, ChatResponse, Role, Usage
 from combee.llm_cache import ResponseCache, cache_key
 from combee.tokens import estimate_tokens
 
 __all__ = [
     "DEFAULT_API_KEY",
+    "DEFAULT_CONTEXT_TOKENS",
+    "DEFAULT_REASONING_MODELS",
     "EndpointConfig",
     "LLMStats",
     "OpenAILLM",
     "StructuredMode",
     "StructuredOutput",
     "backoff_delay",
+    "context_from_models",
+    "context_from_props",
+    "is_reasoning_model",
     "retry_after_from_headers",
 ]
 
@@ -66,6 +71,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_API_KEY = "not-needed"
 """What local servers (llama.cpp, the Combee simulator) get as a bearer token when no key is configured."""
+
+DEFAULT_CONTEXT_TOKENS = 32_768
+"""Context window assumed when the server does not say (a hosted model's is usually larger)."""
 
 StructuredMode = Literal["json_schema", "json_object_schema", "json_object", "none"]
 """How a request's JSON schema is sent: see :class:`EndpointConfig`."""
@@ -156,6 +164,11 @@ class EndpointConfig(BaseModel):
     hundred calls start at once), ``httpx`` (the client's default), or ``auto``: aiohttp when the installed
     ``openai`` offers it, httpx otherwise. Requests, answers, errors and retries are the same either way.
 
+    ``context_tokens`` is the context window assumed for a model whose server does not report one
+    (:meth:`OpenAILLM.context_tokens` asks the server first). ``reasoning_models`` is a regular expression
+    searched in the model name: a match is sent ``max_completion_tokens`` instead of ``max_tokens`` and no
+    temperature (an empty pattern matches nothing).
+
     Costs are computed only when at least one price is set; a missing price counts as zero.
     """
 
@@ -175,6 +188,17 @@ class EndpointConfig(BaseModel):
     price_per_1k_prompt: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     price_per_1k_completion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     cache_dir: Path | None = None
+    context_tokens: int = Field(default=DEFAULT_CONTEXT_TOKENS, ge=256)
+    reasoning_models: str = DEFAULT_REASONING_MODELS
+
+    @field_validator("reasoning_models")
+    @classmethod
+    def _check_reasoning_models(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
 
     @field_validator("base_url")
     @classmethod
@@ -344,6 +368,54 @@ def _http_date(text: str) -> float | None:
     return parsed.timestamp()
 
 
+def is_reasoning_model(model: str, pattern: str = DEFAULT_REASONING_MODELS) -> bool:
+    """True if ``model`` names a reasoning model by ``pattern`` (searched, case-insensitive; "" matches none)."""
+    return bool(pattern) and re.search(pattern, model, re.IGNORECASE) is not None
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def context_from_props(body: object) -> int | None:
+    """The per-slot context in llama.cpp's ``/props`` answer (``default_generation_settings.n_ctx``), or None."""
+    if isinstance(body, Mapping):
+        settings = body.get("default_generation_settings")
+        if isinstance(settings, Mapping):
+            return _positive_int(settings.get("n_ctx"))
+    return None
+
+
+def context_from_models(body: object, model: str) -> int | None:
+    """The context of ``model`` in a ``/models`` answer, or None.
+
+    vLLM says ``max_model_len``; some servers ``context_length``; llama.cpp ``meta.n_ctx`` (the context it
+    runs with). ``meta.n_ctx_train`` is the *training* context, not what a request may use, so it is ignored.
+    """
+    data = body.get("data") if isinstance(body, Mapping) else None
+    if not isinstance(data, list):
+        return None
+    entries = [e for e in data if isinstance(e, Mapping)]
+    named = [e for e in entries if e.get("id") == model] or (entries if len(entries) == 1 else [])
+    for entry in named:
+        for key in ("max_model_len", "context_length", "context_window"):
+            if (value := _positive_int(entry.get(key))) is not None:
+                return value
+        meta = entry.get("meta")
+        if isinstance(meta, Mapping) and (value := _positive_int(meta.get("n_ctx"))) is not None:
+            return value
+    return None
+
+
+def _server_root(base_url: str) -> str:
+    """``base_url`` without its API prefix (``/v1``): where llama.cpp serves ``/props``."""
+    parts = urlsplit(base_url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
 @dataclass(frozen=True)
 class _Failure:
     """One failed attempt that may be retried."""
@@ -426,6 +498,8 @@ class OpenAILLM:
         self._usage_by_role: dict[Role, Usage] = {}
         self._cached_usage = Usage()
         self._closed = False
+        self._context: dict[str, int] = {}
+        self._context_lock = asyncio.Lock()
 
     @property
     def config(self) -> EndpointConfig:
@@ -467,6 +541,48 @@ class OpenAILLM:
             cost_usd=self._config.cost_usd(usage),
         )
 
+    # ------------------------------------------------------------------ context window
+
+    async def context_tokens(self, role: Role) -> int:
+        """Tokens (prompt + completion) one request of ``role`` may use; the core sizes requests by it.
+
+        Asked of the server once per model: llama.cpp's ``/props`` (``default_generation_settings.n_ctx``, the
+        per-slot context, which is what one request gets), else ``{base_url}/models`` (see
+        :func:`context_from_models`). When the server says nothing, ``config.context_tokens``. Never raises:
+        a failed probe means the configured value.
+        """
+        model = self._config.model_for(role)
+        if model not in self._context:
+            async with self._context_lock:
+                if model not in self._context:
+                    found = await self._probe_context(model)
+                    self._context[model] = found if found is not None else self._config.context_tokens
+                    log.info(
+                        "%s: context window of %r: %d tokens (%s)",
+                        self._config.display_url,
+                        model,
+                        self._context[model],
+                        "reported by the server" if found is not None else "configured; the server reports none",
+                    )
+        return self._context[model]
+
+    async def _probe_context(self, model: str) -> int | None:
+        probes: tuple[tuple[str, Callable[[object], int | None]], ...] = (
+            (f"{_server_root(self._config.base_url)}/props", context_from_props),
+            ("/models", lambda body: context_from_models(body, model)),
+        )
+        for url, read in probes:
+            try:
+                async with asyncio.timeout(min(10.0, self._config.timeout_s)):
+                    raw = await self._client.get(url, cast_to=_HTTP_RESPONSE)
+                found = read(json.loads(raw.content))
+            except (openai.APIError, TimeoutError, ValueError) as exc:
+                log.debug("%s: no context window from %s (%s)", self._config.display_url, url, type(exc).__name__)
+                continue
+            if found is not None:
+                return found
+        return None
+
     # ------------------------------------------------------------------ the port
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
@@ -499,12 +615,14 @@ class OpenAILLM:
         failed_attempts = 0
         while True:
             mode = self.structured_mode if schema is not None else None
-            kwargs: dict[str, Any] = {
-                "model": model,
-                "messages": messages,
-                "max_tokens": request.max_tokens,
-                "temperature": request.temperature,
-            }
+            kwargs: dict[str, Any] = {"model": model, "messages": messages}
+            if is_reasoning_model(model, self._config.reasoning_models):
+                # Reasoning models refuse max_tokens (their budget includes hidden reasoning) and any
+                # temperature but their default.
+                kwargs["max_completion_tokens"] = request.max_tokens
+            else:
+                kwargs["max_tokens"] = request.max_tokens
+                kwargs["temperature"] = request.temperature
             if request.seed is not None:
                 kwargs["seed"] = request.seed
             response_format = _response_format(mode, schema_name, schema)
@@ -873,7 +991,8 @@ def _read_response(
     """
     try:
         completion = json.loads(body)
-        message = completion["choices"][0]["message"]
+        choice = completion["choices"][0]
+        message = choice["message"]
         content = message.get("content")
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
         raise _BadResponse(f"{type(exc).__name__}: {exc}"[:200]) from exc
@@ -896,6 +1015,7 @@ def _read_response(
         model=served_model if isinstance(served_model, str) and served_model else model,
         service_time_s=_service_time(headers.get("x-combee-service-time")),
         simulated=(headers.get("x-combee-simulated") or "").strip().lower() == "true",
+        finish_reason=finish if isinstance(finish := choice.get("finish_reason"), str) else None,
     )
     return response, estimated
 

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from combee.llm import Role
+from combee.llm import DEFAULT_REASONING_MODELS, Role
 
 __all__ = ["Settings", "redact_url"]
 
@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_max_attempts: int = Field(default=6, ge=1)
     llm_backoff_max_s: float = Field(default=30.0, gt=0)
+    # Context window (prompt + completion tokens) assumed when the server reports none (llama.cpp and vLLM do).
+    llm_context_tokens: int = Field(default=32_768, ge=256)
+    # Regular expression searched in model names: reasoning models get max_completion_tokens, no temperature.
+    llm_reasoning_models: str = DEFAULT_REASONING_MODELS
     cache_dir: Path | None = None
 
     # --- method ---
