@@ -15,7 +15,8 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from combee.llm import LLM, ChatResponse
+from combee.errors import ContextTooSmall
+from combee.llm import LLM, ChatResponse, Role, context_tokens_of
 from combee.models import LIMITS, Feedback, Playbook, Trace
 from combee.prompts import generator_request
 from combee.tasks.data import Question
@@ -85,16 +86,26 @@ async def answer_all(
 ) -> list[Attempt]:
     """Answer and grade every question with ``playbook``; results in the order of ``questions``.
 
-    At most ``concurrency`` requests are in flight. LLM-layer errors (the endpoint is gone) propagate.
+    Requests are sized to the LLM's context window when it says one (a playbook too large to fit is shown in
+    part, by :func:`combee.prompts.generator_request`); a question that cannot fit at all is not sent and
+    counts as unanswered (``found_by = "too_long"``). At most ``concurrency`` requests are in flight.
+    LLM-layer errors (the endpoint is gone) propagate.
     """
     gate = asyncio.Semaphore(concurrency)
     done = 0
+    context = await context_tokens_of(llm, Role.GENERATOR)
 
     async def one(q: Question) -> Attempt:
         nonlocal done
-        async with gate:
-            response = await llm.complete(generator_request(q.context, playbook))
-        extracted = extract_answer(response.text)
+        try:
+            request = generator_request(q.context, playbook, context_tokens=context)
+        except ContextTooSmall as exc:  # this question alone does not fit the model's context: no answer
+            response = ChatResponse(text=f"(not asked: {exc})")
+            extracted = Extracted(None, "too_long")
+        else:
+            async with gate:
+                response = await llm.complete(request)
+            extracted = extract_answer(response.text)
         attempt = Attempt(q, response.text, extracted, grade(task, extracted.answer, q.target), response)
         done += 1
         if progress is not None:

@@ -144,7 +144,7 @@ def grade_finer(prediction: str, target: str) -> FinerGrade:
 class Extracted:
     """The final answer found in a generator's raw text (``None``: none found) and how it was found:
     ``parsed`` (the project's parser), ``finish``, ``final_answer_field`` or ``final_answer_is`` (fallbacks),
-    or ``none``."""
+    ``none``, or ``too_long`` (the question did not fit the model's context and was not asked)."""
 
     answer: str | None
     how: str

@@ -111,3 +111,17 @@ def test_a_finer_sized_question_still_makes_a_valid_trace() -> None:
     assert len(trace.task) <= LIMITS.task_chars and trace.task.endswith("What is the tag?")
     assert trace.feedback.score == 0.75 and trace.feedback.success is False
     assert "3 of 4 labels right" in (trace.feedback.message or "")
+
+
+async def test_requests_are_sized_to_the_context_and_a_question_that_cannot_fit_is_not_sent() -> None:
+    class Small(ScriptedLLM):
+        async def context_tokens(self, role: Role) -> int | None:
+            return 2048
+
+    llm = Small(lambda request: reply("1"))
+    qs = [Question("q:1", "short question", "1.0"), Question("q:2", "long " * 4000, "1.0")]
+    attempts = await answer_all(llm, "formula", qs, Playbook(namespace="formula"), concurrency=2)
+    assert [a.extracted.how for a in attempts] == ["parsed", "too_long"]
+    assert len(llm.requests) == 1
+    assert attempts[1].grade.success is False
+    assert to_trace(attempts[1], namespace="formula").feedback.success is False
