@@ -159,3 +159,69 @@ async def test_learn_rejects_mixed_namespaces():
 def test_trace_json_roundtrip():
     t = traces(1)[0]
     assert Trace.model_validate(json.loads(t.model_dump_json())) == t
+
+
+# --- repair turns, salvage and sizing -------------------------------------------------------------------
+
+
+def _good_reflection(request: ChatRequest) -> str:
+    return json.dumps({"diagnosis": "d", "insights": [{"section": "s", "content": "a lesson"}]})
+
+
+async def test_a_rejected_answer_is_re_asked_with_the_error_and_a_higher_temperature():
+    answers = iter(["{}", '{"insights": [{"section": "s", "content": "   "}]}'])
+
+    def script(request: ChatRequest) -> str:
+        if request.role == Role.REFLECTOR:
+            return next(answers, None) or _good_reflection(request)
+        return echo_script(request)
+
+    llm = ScriptedLLM(script)
+    result = await run_window(window(1), Playbook(namespace="ns"), llm, MethodConfig(method=Method.SEQUENTIAL))
+    first, second, third = llm.calls(Role.REFLECTOR)
+    assert [r.temperature for r in (first, second, third)] == [0.0, 0.3, 0.7]
+    assert [r.seed for r in (first, second, third)] == [None, 1, 2]
+    assert [m.role for m in second.messages] == ["system", "user", "assistant", "user"]
+    assert second.messages[2].content == "{}" and "missing required key 'insights'" in second.messages[3].content
+    assert "no usable insight" in third.messages[3].content
+    stats = result.meter.roles["reflector"]
+    assert (stats.calls, stats.parse_failures, stats.repairs, stats.repaired, stats.gave_up) == (3, 2, 2, 1, 0)
+    assert stats.failure_kinds == {"missing_key": 1, "no_valid_items": 1}
+    assert len(result.playbook.bullets) == 1
+
+
+async def test_a_call_whose_every_answer_fails_is_counted_as_given_up():
+    llm = ScriptedLLM(lambda r: "no json here" if r.role == Role.REFLECTOR else echo_script(r))
+    result = await run_window(window(2), Playbook(namespace="ns"), llm, MethodConfig(parse_attempts=2))
+    stats = result.meter.roles["reflector"]
+    assert (stats.calls, stats.parse_failures, stats.repairs, stats.gave_up) == (4, 4, 2, 2)
+    assert result.meter.skipped_traces == 2 and stats.failure_kinds == {"not_json": 4}
+
+
+async def test_a_curator_answer_with_some_invalid_operations_keeps_the_rest_and_counts_them():
+    def script(request: ChatRequest) -> str:
+        if request.role == Role.CURATOR:
+            ops = [{"op": "ADD", "section": "s", "content": "kept"}, {"op": "REMOVE", "bullet_id": "b00042"}]
+            return json.dumps({"operations": ops})
+        return echo_script(request)
+
+    llm = ScriptedLLM(script)
+    result = await run_window(window(1), Playbook(namespace="ns"), llm, MethodConfig(method=Method.SEQUENTIAL))
+    stats = result.meter.roles["curator"]
+    assert (stats.calls, stats.salvaged, stats.invalid_items, stats.parse_failures) == (1, 1, 1, 0)
+    assert [b.content for b in result.playbook.bullets] == ["kept"]
+
+
+class SizedLLM(ScriptedLLM):
+    async def context_tokens(self, role: Role) -> int:
+        return 4096
+
+
+async def test_requests_are_sized_to_the_context_the_llm_reports():
+    llm = SizedLLM(echo_script)
+    await run_window(window(4), Playbook(namespace="ns"), llm, MethodConfig())
+    from combee.sizing import MARGIN_TOKENS, prompt_tokens
+
+    for r in llm.requests:
+        assert prompt_tokens(m.content for m in r.messages) + r.max_tokens + MARGIN_TOKENS <= 4096
+    assert {r.max_tokens for r in llm.calls(Role.CURATOR)} != {4000}
