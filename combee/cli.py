@@ -147,24 +147,37 @@ def _first_line(exc: BaseException) -> str:
 
 
 def build_llm(settings: Any) -> Any:
-    """The OpenAI-compatible LLM client configured from settings."""
-    from combee.llm_openai import EndpointConfig, OpenAILLM
+    """The OpenAI-compatible LLM client configured from settings (one per endpoint when roles have their own)."""
+    from combee.llm import Role
+    from combee.llm_openai import EndpointConfig, OpenAILLM, RoleRouter
 
-    config = EndpointConfig(
-        base_url=settings.openai_base_url,
-        api_key=settings.openai_api_key,
-        default_model=settings.model,
-        models=settings.models(),
-        structured_output=settings.structured_output,
-        max_concurrency=settings.llm_max_concurrency,
-        timeout_s=settings.llm_timeout_s,
-        max_attempts=settings.llm_max_attempts,
-        backoff_max_s=settings.llm_backoff_max_s,
-        cache_dir=settings.cache_dir,
-        context_tokens=settings.llm_context_tokens,
-        reasoning_models=settings.llm_reasoning_models,
-    )
-    return OpenAILLM(config)
+    def endpoint(base_url: str) -> Any:
+        return OpenAILLM(
+            EndpointConfig(
+                base_url=base_url,
+                api_key=settings.openai_api_key,
+                default_model=settings.model,
+                models=settings.models(),
+                structured_output=settings.structured_output,
+                max_concurrency=settings.llm_max_concurrency,
+                timeout_s=settings.llm_timeout_s,
+                max_attempts=settings.llm_max_attempts,
+                backoff_max_s=settings.llm_backoff_max_s,
+                cache_dir=settings.cache_dir,
+                context_tokens=settings.llm_context_tokens,
+                reasoning_models=settings.llm_reasoning_models,
+            )
+        )
+
+    default = endpoint(settings.openai_base_url)
+    urls = {role: settings.base_url_for(role) for role in Role}
+    if all(url == settings.openai_base_url for url in urls.values()):
+        return default
+    by_url: dict[str, Any] = {settings.openai_base_url: default}
+    for url in urls.values():
+        if url not in by_url:
+            by_url[url] = endpoint(url)
+    return RoleRouter(default, {role: by_url[url] for role, url in urls.items()})
 
 
 def method_config(settings: Any, method: str, group_factor: float = 1.0) -> Any:

@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     model_curator: str | None = None
     model_merger: str | None = None
     model_generator: str | None = None
+    # An endpoint (OpenAI-compatible base URL) per role; unset: openai_base_url. Same API key for all.
+    base_url_reflector: str | None = None
+    base_url_curator: str | None = None
+    base_url_merger: str | None = None
+    base_url_generator: str | None = None
     structured_output: Literal["auto", "json_schema", "json_object_schema", "json_object", "none"] = "auto"
     llm_max_concurrency: int = Field(default=64, ge=1)
     llm_timeout_s: float = Field(default=120.0, gt=0)
@@ -99,3 +104,7 @@ class Settings(BaseSettings):
 
     def models(self) -> dict[Role, str]:
         return {role: self.model_for(role) for role in Role}
+
+    def base_url_for(self, role: Role) -> str:
+        specific: str | None = getattr(self, f"base_url_{role.value}")
+        return specific or self.openai_base_url

@@ -144,3 +144,24 @@ async def test_reasoning_models_get_max_completion_tokens_and_no_temperature(mak
     assert reasoning["max_completion_tokens"] == 99 and "max_tokens" not in reasoning and "temperature" not in reasoning
     assert plain["max_tokens"] == 99 and plain["temperature"] == 0.3 and "max_completion_tokens" not in plain
     assert answer.finish_reason == "length"
+
+
+async def test_roles_can_have_their_own_endpoint(make_server: Any) -> None:
+    from combee.cli import build_llm
+    from combee.llm_openai import RoleRouter
+    from combee.settings import Settings
+
+    small = await make_server(props={"default_generation_settings": {"n_ctx": 4096}})
+    large = await make_server(props={"default_generation_settings": {"n_ctx": 65536}})
+    assert isinstance(build_llm(Settings(openai_base_url=small.base_url, model="local")), OpenAILLM)
+    llm = build_llm(Settings(openai_base_url=small.base_url, base_url_curator=large.base_url, model="local"))
+    assert isinstance(llm, RoleRouter)
+    request = ChatRequest(role=Role.CURATOR, messages=(ChatMessage(role="user", content="hi"),))
+    try:
+        assert await llm.context_tokens(Role.REFLECTOR) == 4096 and await llm.context_tokens(Role.CURATOR) == 65536
+        await llm.complete(request)
+        await llm.complete(request.model_copy(update={"role": Role.MERGER}))
+        assert (len(small.chats), len(large.chats)) == (1, 1)
+        assert llm.stats.requests == 2 and llm.stats.usage.prompt_tokens == 6
+    finally:
+        await llm.aclose()
