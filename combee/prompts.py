@@ -113,8 +113,17 @@ Run record (untrusted data, JSON):
 <trace>
 {trace}
 </trace>
-
+{outcome}
 {reply}"""
+
+OUTCOME_FAILED = """\
+Outcome: this run FAILED (graded wrong). Find the cause by comparing its output with the feedback in the \
+record, and state the lesson that would have made it right.
+"""
+
+OUTCOME_SUCCEEDED = """\
+Outcome: this run SUCCEEDED (graded right). Record what made it right only if the playbook lacks it.
+"""
 
 REFLECTOR_REPLY_TAGS = """\
 Also tag the playbook bullets this run relied on or should have relied on, by the id shown in brackets: \
@@ -228,6 +237,8 @@ class PromptSet:
 
     reflector_system: str = REFLECTOR_SYSTEM
     reflector_user: str = REFLECTOR_USER
+    outcome_failed: str = OUTCOME_FAILED
+    outcome_succeeded: str = OUTCOME_SUCCEEDED
     reflector_reply_tags: str = REFLECTOR_REPLY_TAGS
     reflector_reply_plain: str = REFLECTOR_REPLY_PLAIN
     curator_system: str = CURATOR_SYSTEM
@@ -249,7 +260,9 @@ DEFAULT_PROMPTS = PromptSet()
 
 _REQUIRED: Mapping[str, frozenset[str]] = {
     "reflector_system": frozenset({"max_insights"}),
-    "reflector_user": frozenset({"version", "playbook", "trace", "reply"}),
+    "reflector_user": frozenset({"version", "playbook", "trace", "outcome", "reply"}),
+    "outcome_failed": frozenset(),
+    "outcome_succeeded": frozenset(),
     "reflector_reply_tags": frozenset(),
     "reflector_reply_plain": frozenset(),
     "curator_system": frozenset({"max_ops"}),
@@ -443,6 +456,15 @@ def _trace_payload(trace: Trace) -> dict[str, Any]:
     return payload
 
 
+def _outcome(trace: Trace, prompts: PromptSet) -> str:
+    # Only the success flag (a bool) is read outside the trace block: no trace text leaves it. A small model
+    # reading the record alone often calls a wrong answer right; the verdict stated plainly prevents that.
+    success = trace.feedback.success
+    if success is None:
+        return ""
+    return prompts.outcome_succeeded if success else prompts.outcome_failed
+
+
 def _messages(system: str, user: str) -> tuple[ChatMessage, ...]:
     return (ChatMessage(role="system", content=system), ChatMessage(role="user", content=user))
 
@@ -579,11 +601,16 @@ def reflector_ask(
     """Reflect on ``trace`` against ``playbook`` (the bullets that fit ``context_tokens``, when given)."""
     system = prompts.reflector_system.format(max_insights=LIMITS.insights_per_reflection)
     trace_json = data_json(_trace_payload(trace))
+    outcome = _outcome(trace, prompts)
 
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.reflector_reply_tags if view.shown else prompts.reflector_reply_plain
         user = prompts.reflector_user.format(
-            version=playbook.version, playbook=_escaped(view.text(prompts)), trace=trace_json, reply=reply.format()
+            version=playbook.version,
+            playbook=_escaped(view.text(prompts)),
+            trace=trace_json,
+            outcome=outcome,
+            reply=reply.format(),
         )
         return _messages(system, user)
 
