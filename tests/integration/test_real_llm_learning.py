@@ -31,6 +31,14 @@ NAMESPACE = "finance-formula"
 
 
 @pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One response cache for both tests: the streaming run reuses the offline run's reflections (the same
+    trace against the same empty playbook is the same request) and asks the model afresh for everything its
+    own window plan changes (curator groups and merges are seeded by the window id). Keeps CI to minutes."""
+    return tmp_path_factory.mktemp("answers")
+
+
+@pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """A private local model server (2 slots of 4,096 tokens) and N_TRACES real traces made with it."""
     model = installed_model()
@@ -50,7 +58,9 @@ def _role_figures(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return roles
 
 
-def test_learns_one_window_of_real_traces_offline(real: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+def test_learns_one_window_of_real_traces_offline(
+    real: tuple[str, list[dict[str, Any]]], answers: Path, tmp_path: Path
+) -> None:
     base_url, traces = real
     assert len(traces) == N_TRACES and all(t["feedback"]["ground_truth"] for t in traces)
     path = tmp_path / "traces.jsonl"
@@ -58,7 +68,7 @@ def test_learns_one_window_of_real_traces_offline(real: tuple[str, list[dict[str
     out = tmp_path / "learned"
     cmd = [sys.executable, "-m", "combee.cli", "learn", "--traces", str(path), "--method", "combee",
            "--batch-size", str(N_TRACES), "--base-url", base_url, "--model", llm.ALIAS, "--llm-concurrency", "2",
-           "--out", str(out), "--quiet"]  # fmt: skip
+           "--out", str(out), "--quiet", "--cache-dir", str(answers)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -74,7 +84,7 @@ def test_learns_one_window_of_real_traces_offline(real: tuple[str, list[dict[str
 
 
 def test_learns_real_traces_through_the_streaming_pipeline(
-    real: tuple[str, list[dict[str, Any]]], tmp_path: Path
+    real: tuple[str, list[dict[str, Any]]], answers: Path, tmp_path: Path
 ) -> None:
     base_url, traces = real
     pipe = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path, base_url=base_url)
@@ -87,6 +97,7 @@ def test_learns_real_traces_through_the_streaming_pipeline(
             COMBEE_BS_MIN="1",
             COMBEE_BS_CANDIDATES=f"[{N_TRACES}]",
             COMBEE_MAX_WAIT_S="5",
+            COMBEE_CACHE_DIR=str(answers),
         )  # fmt: skip
         pipe.publish_traces(traces)
         pipe.wait_learned({NAMESPACE: N_TRACES}, timeout_s=1200)
