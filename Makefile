@@ -8,7 +8,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
-	.venv/bin/pip install -q -e '.[dev]'
+	.venv/bin/pip install -q -e '.[dev,llm]'
 	touch $(STAMP)
 
 demo: $(STAMP)          ## the main job end to end: services, simulator, workers, two namespaces, prompts from Redis
