@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     kafka_ssl_keyfile: Path | None = None
     topic_prefix: str = "combee"
     partitions: int = Field(default=4, ge=1)
+    # Copies of every topic Combee creates (its own and Faust's), and how many must have a write before the
+    # broker acknowledges it (producers use acks=all). 1 suits a single broker; on a cluster of 3, 3 and 2
+    # survive the loss of any one broker with nothing lost. None leaves min.insync.replicas to the broker.
+    replication_factor: int = Field(default=1, ge=1)
+    min_insync_replicas: int | None = Field(default=None, ge=1)
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_username: str | None = None
     redis_password: SecretStr | None = None

@@ -233,7 +233,8 @@ def ensure_topics(
     topics: Topics,
     *,
     timeout_s: float = 30.0,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
     admin_factory: Callable[..., Any] | None = None,
 ) -> TopicsReport:
     """Create every topic of ``topics.specs()`` that is missing, with its partition count and configs, and
@@ -244,10 +245,23 @@ def ensure_topics(
     the message names each topic and both counts) or when the broker refuses to create one (bad replication
     factor, not authorised, ...). Connection failures raise kafka-python's errors (NoBrokersAvailable,
     KafkaTimeoutError). Config drift on existing topics is reported in the result, not raised.
-    ``admin_factory`` (default ``KafkaAdminClient``) is for tests.
+    ``replication_factor`` and ``min_insync_replicas`` (a topic config, set only when given) default to the
+    Settings' (``COMBEE_REPLICATION_FACTOR``, ``COMBEE_MIN_INSYNC_REPLICAS``), or to 1 and the broker's
+    default for a bare bootstrap string; they apply to the topics created here. ``admin_factory`` (default
+    ``KafkaAdminClient``) is for tests.
     """
+    if replication_factor is None:
+        replication_factor = 1 if isinstance(kafka, str) else kafka.replication_factor
+    if min_insync_replicas is None and not isinstance(kafka, str):
+        min_insync_replicas = kafka.min_insync_replicas
     if replication_factor < 1:
         raise ConfigError("replication_factor must be at least 1")
+    if min_insync_replicas is not None and not 1 <= min_insync_replicas <= replication_factor:
+        raise ConfigError(
+            f"min_insync_replicas={min_insync_replicas} must be within 1..replication_factor={replication_factor} "
+            "(with more, every acks=all write would fail)"
+        )
+    durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas is not None else {}
     if admin_factory is None:
         from kafka.admin import KafkaAdminClient
 
@@ -273,7 +287,7 @@ def ensure_topics(
                     s.name: {
                         "num_partitions": s.partitions,
                         "replication_factor": replication_factor,
-                        "configs": dict(s.config),
+                        "configs": {**s.config, **durability},
                     }
                     for s in missing
                 },

@@ -91,7 +91,7 @@ def create_app(
         web_bind="127.0.0.1",
         web_host="127.0.0.1",
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,  # Faust creates its own internal topics; ours exist already (ensure_topics)
         producer_acks=-1,
         producer_max_request_size=MAX_MESSAGE_BYTES,
