@@ -2,7 +2,7 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 
-.PHONY: install demo test test-unit faults-short faults soak lint typecheck check up down status bench clean
+.PHONY: install demo test test-unit faults-short faults faults-cluster soak lint typecheck check up down status bench clean
 
 install: $(STAMP)
 
@@ -21,11 +21,14 @@ test-unit: $(STAMP)     ## the pure tests only (seconds; no services)
 	$(PY) -m pytest -q tests/unit
 
 # The fault-injection suite (docs/reliability.md) starts its OWN Kafka + Redis on free ports and stops them.
-faults-short: $(STAMP)  ## every fault scenario once, short, with the SASL_SSL and Redis ACL tests (CI: ~8 minutes)
-	COMBEE_FAULTS=short COMBEE_FAULTS_SASL=1 $(PY) -m pytest -q -s tests/faults
+faults-short: $(STAMP)  ## every fault scenario once, short, with the SASL_SSL and Redis ACL tests and one 3-broker run (CI: ~8 + 1.5 minutes)
+	COMBEE_FAULTS=short COMBEE_FAULTS_SASL=1 COMBEE_FAULTS_CLUSTER=1 $(PY) -m pytest -q -s tests/faults
 
 faults: $(STAMP)        ## the full fault suite of issue #5: every scenario 3 runs in a row, SASL/TLS, secrets (~1 h)
 	COMBEE_FAULTS=full COMBEE_FAULTS_RUNS=3 $(PY) -m pytest -q -s tests/faults --deselect tests/faults/test_soak.py::test_soak
+
+faults-cluster: $(STAMP) ## the full profile's leader-failover scenario on a 3-node Kafka cluster, 3 runs in a row (~6 minutes)
+	COMBEE_FAULTS=full COMBEE_FAULTS_CLUSTER=1 COMBEE_FAULTS_RUNS=3 $(PY) -m pytest -q -s tests/faults/test_cluster.py
 
 soak: $(STAMP)          ## 10 minutes at a steady rate over 20 namespaces: RSS, lag and versions sampled
 	COMBEE_FAULTS=full $(PY) -m pytest -q -s tests/faults/test_soak.py

@@ -503,7 +503,9 @@ def execute(
     seed: int = 0,
 ) -> Figures:
     rng = random.Random(f"{scenario.name}/{run_index}/{seed}")
-    run = Run(stack, workdir / f"{scenario.name}-{run_index}", scenario.name, api_key=api_key)
+    run = Run(
+        stack, workdir / f"{scenario.name}-{run_index}", scenario.name, api_key=api_key, env_extra=stack.worker_env()
+    )
     figures = Figures(scenario=scenario.name, run=run_index)
     started = time.monotonic()
     good, truths = good_traces(profile.traces_per_namespace)
@@ -515,7 +517,7 @@ def execute(
     watcher: PromptWatcher | None = None
     try:
         run.start_sim(**scenario.sim_faults)
-        run.ensure_topics()
+        stack.ensure_topics(run.topics)  # replicated as the stack replicates (a cluster: on every node)
         run.start_worker("learner", **scenario.learner_env)
         run.start_worker("curate")
         watcher = PromptWatcher(run, truths)
