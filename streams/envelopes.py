@@ -10,6 +10,7 @@ Flow (DESIGN.md §3)::
     windows ──map stage──▶ groups (GroupTask per level-1 group) + partials (WindowPlan: what to expect)
     groups ──curate workers──▶ partials (Partial, level 1)
     partials ──combiner──▶ merges (levels ≥ 2) ▶ apply ▶ deltas (DeltaRecord), playbooks (Snapshot), Redis
+    combiner taking a partition ──▶ deltas (Claim: the epoch its DeltaRecords carry; streams/deltalog.py)
     any stage ──▶ deadletter (DeadLetter) for records it cannot accept
 """
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
 
 __all__ = [
+    "Claim",
     "Control",
     "DeadLetter",
     "DeltaRecord",
@@ -133,8 +135,23 @@ class Control(_Envelope):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
+class Claim(_Envelope):
+    """A combiner taking ownership of one partition of the deltas log. Its offset there is the *epoch* that
+    every :class:`DeltaRecord` it appends afterwards carries; a later claim fences it (streams/deltalog.py)."""
+
+    schema_: Literal["combee.claim/1"] = Field(default="combee.claim/1", alias="schema")
+    partition: int = Field(ge=0)
+    owner: str = Field(description="who claimed: host/pid/random id of the worker process")
+    claimed_at: float
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
 class DeltaRecord(_Envelope):
-    """The log of applied windows: one record per window (or control action) and playbook version."""
+    """The log of applied windows: one record per window (or control action) and playbook version.
+
+    ``epoch`` is the offset of the writer's :class:`Claim` in this partition; records written before claims
+    existed have none (streams/deltalog.py says which records count)."""
 
     schema_: Literal["combee.delta/1"] = Field(default="combee.delta/1", alias="schema")
     namespace: str
@@ -154,6 +171,7 @@ class DeltaRecord(_Envelope):
     note: str | None = None
     rollback_to: int | None = None
     playbook: Playbook | None = Field(default=None, description="the resulting playbook, for rollback records")
+    epoch: int | None = Field(default=None, ge=0, description="offset of the writer's claim in this partition")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -161,7 +179,8 @@ class DeltaRecord(_Envelope):
 class Snapshot(_Envelope):
     """Latest state of a namespace (compacted topic): the playbook and the exactly-once ledger.
 
-    ``delta_offset`` is the offset, in the deltas log, of the record that produced this playbook."""
+    ``delta_offset`` is the offset, in the deltas log, of the record that produced this playbook, and ``epoch``
+    that record's epoch (the claim in force there): together, a point a replay of the log may start after."""
 
     schema_: Literal["combee.snapshot/1"] = Field(default="combee.snapshot/1", alias="schema")
     playbook: Playbook
@@ -169,6 +188,7 @@ class Snapshot(_Envelope):
     watermarks: tuple[tuple[str, int], ...] = ()
     next_seq: int = 0
     delta_offset: int = -1
+    epoch: int | None = Field(default=None, ge=0)
     updated_at: float
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -192,6 +212,6 @@ class DeadLetter(_Envelope):
 
 
 Envelope = Annotated[
-    WindowEnvelope | GroupTask | WindowPlan | Partial | Control | DeltaRecord | Snapshot | DeadLetter,
+    WindowEnvelope | GroupTask | WindowPlan | Partial | Control | Claim | DeltaRecord | Snapshot | DeadLetter,
     Field(discriminator="schema_"),
 ]
