@@ -23,7 +23,8 @@ from combee.errors import CombeeError, ConfigError
 from combee.models import Trace, validate_namespace
 from combee.plan import window_id
 from combee.settings import Settings
-from streams.codec import CodecError, decode, decode_trace, encode
+from streams.codec import CodecError, decode_trace, encode
+from streams.deltalog import split_log
 from streams.envelopes import DeltaRecord, WindowEnvelope
 from streams.kafka_config import kafka_security_kwargs
 from streams.topics import Topics
@@ -107,13 +108,10 @@ def replay(
         if windows == "logged":
             dtp = TopicPartition(topics.deltas, part)
             dend = int(consumer.end_offsets([dtp])[dtp])
-            for msg in _read(consumer, dtp, int(consumer.beginning_offsets([dtp])[dtp]), dend):
-                try:
-                    record = decode(msg.value or b"")
-                except CodecError:
-                    continue
-                if isinstance(record, DeltaRecord) and record.namespace == namespace and record.offsets:
-                    logged.append(record)
+            # judged from its beginning, which is offset 0: the log is kept forever (Topics.specs)
+            dbegin = int(consumer.beginning_offsets([dtp])[dtp])
+            judged = split_log((part, m.offset, m.value) for m in _read(consumer, dtp, dbegin, dend))
+            logged = [r for r in judged.records(namespace) if r.offsets]  # valid ones only: no fenced window
     finally:
         consumer.close()
     if not traces:

@@ -164,7 +164,7 @@ def _publish(bootstrap: str, prefix: str, namespaces: list[str], cfg: StreamingC
 def _deltas(bootstrap: str, prefix: str) -> list[Any]:
     from kafka import KafkaConsumer, TopicPartition
 
-    from streams.codec import decode
+    from streams.deltalog import LogJudge
     from streams.envelopes import DeltaRecord
     from streams.topics import Topics
 
@@ -175,12 +175,13 @@ def _deltas(bootstrap: str, prefix: str) -> list[Any]:
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
+        judge = LogJudge()  # only valid records count (streams/deltalog.py): no claim, no fenced record
         out = []
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             for msgs in consumer.poll(timeout_ms=1000).values():
                 for m in msgs:
-                    rec = decode(m.value)
-                    if isinstance(rec, DeltaRecord):
+                    verdict, rec = judge.judge(m.partition, m.offset, m.value)
+                    if verdict == "valid" and isinstance(rec, DeltaRecord):
                         out.append(rec)
         return out
     finally:

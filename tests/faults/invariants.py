@@ -5,7 +5,9 @@ Sources of truth (read after the run has settled):
 * the traces topic — every record the scenario's producer sent, plus copies the window stage forwarded to a
   namespace's home partition; each record is decoded with the workers' own decoder
   (:func:`streams.codec.decode_trace`), so "valid" means exactly what the workers consider valid;
-* the delta log (``<prefix>.deltas``) — one record per applied window: the commit point of the combiner;
+* the delta log (``<prefix>.deltas``) — one record per applied window: the commit point of the combiner. Only
+  its *valid* records count (:mod:`streams.deltalog`: a record written after another owner's claim is fenced);
+  fenced records and claims are counted apart (``fenced_records``, ``claims``), never as applications;
 * the dead-letter topic;
 * Redis — every retained version hash (``v:N``), the history and ``current``;
 * the compacted snapshot topic (``<prefix>.playbooks``) — the combiner's recovered state;
@@ -43,6 +45,7 @@ from combee.playbook import ApplyPolicy, apply_delta, render_prompt
 from combee.sim.inproc import InProcessSim
 from combee.sim.world import Behaviour, WorldResponder, retention
 from streams.codec import CodecError, decode, decode_trace
+from streams.deltalog import split_log
 from streams.envelopes import DeadLetter, DeltaRecord, Snapshot
 from tests.faults.harness import PromptWatcher, Run, Sent, TopicTail
 from workers.state import partition_for
@@ -69,6 +72,8 @@ class Figures:
     windows_applied_twice: int = 0
     duplicate_log_records: int = 0
     windows_given_up: int = 0
+    fenced_records: int = 0  # delta records a superseded owner wrote after a newer claim: refused by every reader
+    claims: int = 0  # claims in the delta log (a combiner taking a partition)
     versions: int = 0
     versions_published: int = 0
     version_regressions: int = 0
@@ -104,12 +109,14 @@ class Observed:
     """Everything read back after a run."""
 
     traces: dict[tuple[int, int], tuple[bytes | None, bytes | None]]
-    deltas: list[DeltaRecord]
+    deltas: list[DeltaRecord]  # the valid records, in log order per partition
     dead_letters: list[DeadLetter]
     snapshots: dict[str, Snapshot]
     redis_versions: dict[str, dict[int, tuple[str, str]]]  # ns -> version -> (prompt, playbook json)
     redis_current: dict[str, int]
     seen: dict[str, list[Any]]
+    fenced: list[DeltaRecord] = field(default_factory=list)  # written after a newer claim: count for nobody
+    claims: int = 0
 
 
 def _read(run: Run, topic: str) -> list[Any]:
@@ -122,11 +129,8 @@ def _read(run: Run, topic: str) -> list[Any]:
 
 def observe(run: Run, namespaces: list[str], watcher: PromptWatcher | None) -> Observed:
     traces = {(r.partition, r.offset): (r.key, r.value) for r in _read(run, run.topics.traces)}
-    deltas = []
-    for r in _read(run, run.topics.deltas):
-        rec = decode(r.value or b"")
-        assert isinstance(rec, DeltaRecord)
-        deltas.append(rec)
+    log = split_log((r.partition, r.offset, r.value) for r in _read(run, run.topics.deltas))
+    assert log.unreadable == 0, f"{log.unreadable} records of the delta log are neither claims nor delta records"
     letters = []
     for r in _read(run, run.topics.deadletter):
         rec = decode(r.value or b"")
@@ -157,7 +161,9 @@ def observe(run: Run, namespaces: list[str], watcher: PromptWatcher | None) -> O
     finally:
         client.close()
     seen = watcher.stop() if watcher is not None else {}
-    return Observed(traces, deltas, letters, snapshots, versions, current, seen)
+    return Observed(
+        traces, log.records(), letters, snapshots, versions, current, seen, log.fenced_records(), len(log.claims)
+    )
 
 
 def check(
@@ -187,6 +193,8 @@ def check(
             bad.append(s)
             continue
         expected_ids.add(trace.trace_id)
+    figures.fenced_records = len(obs.fenced)
+    figures.claims = obs.claims
     figures.published = len(expected_ids)
     figures.bad_published = len(bad)
     for (p, o), (key, value) in obs.traces.items():

@@ -25,6 +25,7 @@ from typing import Any
 
 from combee.sim.world import generate_traces
 from streams.codec import CodecError, decode, decode_trace
+from streams.deltalog import LogJudge
 from streams.envelopes import DeadLetter, DeltaRecord
 from tests.faults.corpus import INJECTION_MARKER, hostile_corpus, interleave
 from tests.faults.harness import PacedPublisher, PromptWatcher, Record, Run, Sent, TopicTail, wait_until
@@ -74,15 +75,17 @@ def good_traces(n: int) -> tuple[list[Record], dict[str, list[str]]]:
 
 
 class Progress:
-    """Counts applied windows (delta log records) as they appear."""
+    """Counts applied windows (valid delta log records; not claims, not fenced records) as they appear."""
 
     def __init__(self, run: Run) -> None:
         self.tail = TopicTail(run.stack.bootstrap, run.topics.deltas)
+        self.judge = LogJudge()
         self.count = 0
 
     def poll(self) -> int:
         with contextlib.suppress(Exception):  # the broker may be restarting: progress is a sample
-            self.count += len(self.tail.poll(timeout_s=30))
+            for r in self.tail.poll(timeout_s=30):
+                self.count += self.judge.judge(r.partition, r.offset, r.value)[0] == "valid"
         return self.count
 
     def wait_for_more(self, run: Run, timeout_s: float = 60) -> bool:
@@ -116,6 +119,7 @@ class Settler:
         self.run = run
         self.traces = TopicTail(run.stack.bootstrap, run.topics.traces)
         self.deltas = TopicTail(run.stack.bootstrap, run.topics.deltas)
+        self.judge = LogJudge()
         self.letters = TopicTail(run.stack.bootstrap, run.topics.deadletter)
         self.home_ids: dict[tuple[int, int], tuple[str, str]] = {}  # (partition, offset) -> (namespace, trace id)
         self.covered: set[tuple[int, int]] = set()
@@ -134,7 +138,9 @@ class Settler:
             if partition_for(t.namespace.encode(), parts) == r.partition:
                 self.home_ids[(r.partition, r.offset)] = (t.namespace, t.trace_id)
         for r in self.deltas.poll():
-            rec = decode(r.value or b"")
+            verdict, rec = self.judge.judge(r.partition, r.offset, r.value)
+            if verdict != "valid":
+                continue  # a claim, or a fenced record: it counts for nobody
             assert isinstance(rec, DeltaRecord)
             self.last_version[rec.namespace] = max(self.last_version.get(rec.namespace, 0), rec.version)
             if rec.source is not None:
@@ -455,7 +461,8 @@ def figure_lines(f: Figures) -> list[str]:
         ),
         _line(
             "windows",
-            f"applied {f.windows_applied} / applied twice {f.windows_applied_twice} / given up {f.windows_given_up}",
+            f"applied {f.windows_applied} / applied twice {f.windows_applied_twice} / given up {f.windows_given_up}"
+            f" / fenced {f.fenced_records} (claims {f.claims})",
             f.windows_applied_twice == f.windows_given_up == 0,
         ),
         _line(

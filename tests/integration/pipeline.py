@@ -27,6 +27,7 @@ from combee.sim.config import SimConfig
 from combee.sim.runner import SimProcess
 from combee.sim.world import generate_traces
 from streams.codec import decode
+from streams.deltalog import split_log
 from streams.envelopes import DeadLetter, DeltaRecord
 from streams.keys import RedisKeys
 from streams.topics import Topics
@@ -166,13 +167,9 @@ class Pipeline:
             consumer.close()
 
     def deltas(self, namespace: str | None = None) -> list[DeltaRecord]:
-        out = []
-        for msg in self.read_topic(self.topics.deltas):
-            rec = decode(msg.value)
-            assert isinstance(rec, DeltaRecord)
-            if namespace is None or rec.namespace == namespace:
-                out.append(rec)
-        return sorted(out, key=lambda r: (r.namespace, r.version))
+        """The valid records of the delta log (streams.deltalog: claims and fenced records count for nobody)."""
+        log = split_log((m.partition, m.offset, m.value) for m in self.read_topic(self.topics.deltas))
+        return sorted(log.records(namespace), key=lambda r: (r.namespace, r.version))
 
     def dead_letters(self) -> list[DeadLetter]:
         out = []

@@ -16,6 +16,7 @@ from typing import Any
 from combee.engine import MethodConfig
 from combee.windowing import WindowPolicy
 from streams.codec import decode
+from streams.deltalog import split_log
 from streams.envelopes import DeltaRecord
 from streams.topics import Topics
 from tests.fakes import ScriptedLLM, echo_script
@@ -150,8 +151,8 @@ async def feed_traces(ctx: Learner, kafka: MemoryKafka, stream: Stream, ns: str,
 
 
 def deltas(kafka: MemoryKafka, topics: Topics) -> list[DeltaRecord]:
-    out = [decode(m.value or b"") for m in kafka.records(topics.deltas)]
-    return [d for d in out if isinstance(d, DeltaRecord)]
+    """The valid records of the delta log (streams/deltalog.py), in log order per partition."""
+    return split_log((m.partition, m.offset, m.value) for m in kafka.records(topics.deltas)).records()
 
 
 async def test_traces_flow_through_every_stage_and_every_record_is_acked_in_order() -> None:
