@@ -4,8 +4,13 @@ Window plans and partial deltas arrive on the partials topic (keyed by namespace
 soon as a node's own children are present (:class:`combee.scan.ReduceTracker`); windows are applied strictly
 in sequence order. Applying a window is: append the delta record to the deltas log (the commit point), write
 the snapshot table, checkpoint, offer the version to Redis (compare-and-set, retried in the background), and
-only then ack the window's records. After a crash, :func:`ensure_ready` replays the log's tail onto the
-recovered snapshots, so no window is applied twice and none is lost.
+only then ack the window's records (:mod:`workers.commit`). After a crash, :func:`ensure_ready` replays the
+log's tail onto the recovered snapshots, so no window is applied twice and none is lost.
+
+Ownership of a partition is decided by the deltas log itself: :func:`ensure_ready` first appends a claim
+(:class:`~workers.tenure.Tenure`), every record carries the claim's offset as its epoch, and a record that
+lands after someone else's claim is fenced — not snapshotted, not published, not acked (docs/reliability.md,
+"Fencing zombie combiners").
 """
 
 from __future__ import annotations
@@ -17,18 +22,17 @@ from typing import Any
 
 from combee.engine import Meter, merge
 from combee.models import Delta, DeltaOp, Playbook
-from combee.playbook import apply_delta, render_prompt
+from combee.playbook import apply_delta
 from combee.scan import ReadyNode, ReduceTracker
 from streams.codec import CodecError, decode
-from streams.envelopes import Control, DeltaRecord, Partial, Snapshot, WindowPlan
+from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
+from workers.commit import bind, commit, ensure_ready, snapshot_of
 from workers.context import Learner
 from workers.runtime import NamespaceRuntime, OpenWindow
 
 __all__ = ["ensure_ready", "handle_partial"]
 
 log = logging.getLogger("combee.worker.combine")
-LEDGER = 4096
-KEEP_VERSIONS = 8
 
 
 async def handle_partial(ctx: Learner, stream: Any, event: Any) -> None:
@@ -43,14 +47,16 @@ async def handle_partial(ctx: Learner, stream: Any, event: Any) -> None:
         await ctx.dead_letter("combine", exc.reason, msg)
         await ctx.acks.done(event)
         return
-    await ensure_ready(ctx, msg.partition)
-    rt = ctx.runtime(env.namespace)
+    tenure = await ensure_ready(ctx, msg.partition)
+    if tenure.fenced:
+        return  # another process owns the partition now: it redoes this record (left unacked)
+    rt = bind(ctx, tenure, env.namespace)
     async with rt.lock:
         if isinstance(env, Control):
             await _rollback(ctx, rt, env)
             await ctx.acks.done(event)
             return
-        snap = ctx.snapshots.get(env.namespace)
+        snap = tenure.snapshots.get(env.namespace)
         if snap is not None and env.window_id in snap.applied:
             await ctx.acks.done(event)  # a redelivery of a window already applied
             return
@@ -79,21 +85,24 @@ async def handle_partial(ctx: Learner, stream: Any, event: Any) -> None:
 
 async def _progress(ctx: Learner, rt: NamespaceRuntime) -> None:
     """Start every ready merge; apply every finished window that is next in sequence. Caller holds rt.lock."""
+    if rt.tenure is None or rt.tenure.fenced:
+        return
     for w in rt.windows.values():
         if w.tracker is not None:
             for node in w.tracker.ready():
                 ctx.spawn(_merge(ctx, rt, w, node))
     while True:
-        snap = ctx.snapshots.get(rt.namespace)
+        snap = snapshot_of(rt)
         wid = rt.by_seq.get(snap.next_seq if snap is not None else 0)
         ready = rt.windows.get(wid) if wid is not None else None
         if ready is None or ready.tracker is None or (ops := ready.tracker.result()) is None:
             return
-        await _apply(ctx, rt, ready, ops)
+        if not await _apply(ctx, rt, ready, ops):
+            return
 
 
 def _base_playbook(ctx: Learner, rt: NamespaceRuntime, version: int) -> Playbook:
-    snap = ctx.snapshots.get(rt.namespace)
+    snap = snapshot_of(rt)
     current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
     return rt.playbooks.get(version, current)
 
@@ -104,12 +113,15 @@ async def _merge(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, node: ReadyN
     meter = Meter()
     attempts = ctx.config.method.parse_attempts
     ctx.in_flight_tasks += 1
+    final = ", the window's last" if node.level == len(w.plan.tree) + 1 else ""
+    log.info("merge %s/%d.%d started (%d inputs%s)", w.window_id, node.level, node.index, len(node.inputs), final)
     try:
         outcome = await ctx.retrying(
             f"merge {w.window_id}/{node.level}.{node.index}",
             lambda: merge(node.inputs, base, ctx.llm, meter=meter, attempts=attempts),
         )
         ops = outcome.value or ()
+        log.info("merge %s/%d.%d done", w.window_id, node.level, node.index)
         role = meter.roles.get("merger")
         partial = Partial(
             window_id=w.window_id,
@@ -163,56 +175,11 @@ def _critical_path(w: OpenWindow) -> float:
     return w.plan.map_service_s + (max(level_cost) if level_cost else 0.0)
 
 
-async def _commit(
-    ctx: Learner, rt: NamespaceRuntime, record: DeltaRecord, playbook: Playbook, next_seq: int, source: str | None
-) -> None:
-    """Log the record (the commit point), then snapshot, checkpoint and offer the version to Redis."""
-    snap = ctx.snapshots.get(rt.namespace)
-    offset = await ctx.send(ctx.topics.deltas, rt.namespace, record, rt.partition)
-    await _remember(ctx, rt, snap, record, playbook, next_seq, source, offset)
-
-
-async def _remember(
-    ctx: Learner,
-    rt: NamespaceRuntime,
-    snap: Snapshot | None,
-    record: DeltaRecord,
-    playbook: Playbook,
-    next_seq: int,
-    source: str | None,
-    offset: int,
-) -> None:
-    marks = dict(snap.watermarks) if snap is not None else {}
-    if source is not None and record.last_offset is not None:
-        marks[source] = max(marks.get(source, -1), record.last_offset)
-    applied = ((snap.applied if snap is not None else ()) + (record.window_id,))[-LEDGER:]
-    new = Snapshot(
-        playbook=playbook,
-        applied=applied,
-        watermarks=tuple(sorted(marks.items())),
-        next_seq=next_seq,
-        delta_offset=offset,
-        updated_at=time.time(),
-    )
-    await ctx.snapshots.put(rt.namespace, new)
-    await ctx.snapshots.put_raw(rt.partition, "__checkpoint__", str(offset).encode())
-    rt.playbooks[playbook.version] = playbook
-    for v in sorted(rt.playbooks)[:-KEEP_VERSIONS]:
-        del rt.playbooks[v]
-    ctx.publisher.offer(
-        rt.namespace,
-        playbook.version,
-        render_prompt(playbook),
-        playbook.model_dump_json(),
-        window_id=record.window_id,
-        meta={"bullets": len(playbook.bullets), "traces": record.trace_count, "note": record.note},
-    )
-
-
-async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> None:
+async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> bool:
+    """Apply a finished window that is next in sequence; False when it was not committed (fenced)."""
     plan = w.plan
-    assert plan is not None
-    snap = ctx.snapshots.get(rt.namespace)
+    assert plan is not None and rt.tenure is not None
+    snap = snapshot_of(rt)
     current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
     delta = Delta(
         namespace=rt.namespace,
@@ -238,8 +205,10 @@ async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[D
         closed_at=plan.closed_at,
         applied_at=time.time(),
         critical_path_s=_critical_path(w),
+        epoch=rt.tenure.epoch,
     )
-    await _commit(ctx, rt, record, playbook, plan.seq + 1, plan.source)
+    if not await commit(ctx, rt, record, playbook, plan.seq + 1, plan.source):
+        return False
     for e in w.events:
         await ctx.acks.done(e)
     del rt.windows[w.window_id]
@@ -258,11 +227,13 @@ async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[D
     async with rt.applied:
         rt.applied.notify_all()
     ctx.wake.set()
+    return True
 
 
 async def _rollback(ctx: Learner, rt: NamespaceRuntime, ctrl: Control) -> None:
     """Make the content of version ``to_version`` the next version (versions never go backwards)."""
-    snap = ctx.snapshots.get(rt.namespace)
+    assert rt.tenure is not None
+    snap = snapshot_of(rt)
     current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
     try:
         target = await ctx.store.get_version(rt.namespace, ctrl.to_version)
@@ -292,44 +263,8 @@ async def _rollback(ctx: Learner, rt: NamespaceRuntime, ctrl: Control) -> None:
         note=f"rollback to the content of v{ctrl.to_version}",
         rollback_to=ctrl.to_version,
         playbook=playbook,
+        epoch=rt.tenure.epoch,
     )
-    await _commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None)
-    log.info("rolled %s back to the content of v%d as v%d", rt.namespace, ctrl.to_version, playbook.version)
-
-
-async def ensure_ready(ctx: Learner, partition: int) -> None:
-    """Recover the snapshot table of ``partition`` and replay the deltas log after its checkpoint."""
-    if partition in ctx.ready_partitions:
+    if not await commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None):
         return
-    lock = ctx.partition_locks.setdefault(partition, asyncio.Lock())
-    async with lock:
-        if partition in ctx.ready_partitions:
-            return
-        await ctx.snapshots.recover(partition)
-        raw = ctx.snapshots.raw.get((partition, "__checkpoint__"))
-        start = int(raw) + 1 if raw else 0
-        replayed = 0
-        async for rec in ctx.io.read(ctx.topics.deltas, partition, start):
-            try:
-                record = decode(rec.value or b"")
-            except CodecError:
-                continue
-            if not isinstance(record, DeltaRecord):
-                continue
-            rt = ctx.runtime(record.namespace)
-            snap = ctx.snapshots.get(record.namespace)
-            current = snap.playbook if snap is not None else Playbook(namespace=record.namespace)
-            if record.version != current.version + 1:
-                continue  # already part of the snapshot
-            playbook = record.playbook or apply_delta(current, record.delta, ctx.config.method.policy)[0]
-            next_seq = record.seq + 1 if record.seq >= 0 else (snap.next_seq if snap is not None else 0)
-            await _remember(ctx, rt, snap, record, playbook, next_seq, record.source, rec.offset)
-            replayed += 1
-        for ns in ctx.snapshots.keys(partition):  # make sure Redis has the newest version (CAS: no-op if so)
-            snap = ctx.snapshots.get(ns)
-            if snap is not None and snap.playbook.version > 0:
-                pb = snap.playbook
-                ctx.publisher.offer(ns, pb.version, render_prompt(pb), pb.model_dump_json(), window_id=None, meta={})
-        ctx.ready_partitions.add(partition)
-        if replayed:
-            log.info("partition %d: replayed %d logged deltas onto the recovered snapshots", partition, replayed)
+    log.info("rolled %s back to the content of v%d as v%d", rt.namespace, ctrl.to_version, playbook.version)

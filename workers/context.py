@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -21,6 +24,7 @@ from streams.topics import Topics
 from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
 from workers.runtime import NamespaceRuntime
 from workers.state import ChangelogTable, KafkaIO, partition_for
+from workers.tenure import Tenure
 
 __all__ = ["Learner", "LearnerConfig"]
 
@@ -39,6 +43,11 @@ class LearnerConfig:
     window_max_bytes: int = 6 * 1024 * 1024
     buffer_limit: int = 4096  # traces buffered per namespace before the window stage stops pulling
     retry_max_s: float = 30.0
+
+
+def process_id() -> str:
+    """host/pid/random: names this process in the claims it writes (a restarted pid is another owner)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -61,6 +70,9 @@ class Learner:
     tasks: set[asyncio.Future[Any]] = field(default_factory=set)
     ready_partitions: set[int] = field(default_factory=set)
     partition_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+    owner: str = field(default_factory=process_id)
+    tenures: dict[int, Tenure] = field(default_factory=dict)  # the combiner's current claim per partition
+    fenced_writes: int = 0  # delta records this process logged after another owner's claim (refused)
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

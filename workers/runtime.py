@@ -17,6 +17,7 @@ from combee.controller import BatchSizeController, ControllerDecision
 from combee.models import Playbook, Trace
 from combee.scan import ReduceTracker
 from streams.envelopes import WindowPlan
+from workers.tenure import Tenure
 
 __all__ = ["Buffered", "NamespaceRuntime", "OpenWindow"]
 
@@ -60,7 +61,8 @@ class NamespaceRuntime:
     mapper: asyncio.Task[None] | None = None
     accepted_seq: int = -1
     mapping: bool = False
-    # combiner
+    # combiner (its state belongs to one tenure of the partition: work of an ended tenure never mixes in)
+    tenure: Tenure | None = None
     windows: dict[str, OpenWindow] = field(default_factory=dict)
     by_seq: dict[int, str] = field(default_factory=dict)
     playbooks: dict[int, Playbook] = field(default_factory=dict)  # recent versions, for stale merges

@@ -10,7 +10,7 @@ closed by ``max_wait``) and from merge tasks. Writes are awaited (acks=all) befo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -74,7 +74,7 @@ class KafkaIO:
         meta = offsets.get(tp)
         return meta.offset if meta is not None and meta.offset >= 0 else None
 
-    async def read(self, topic: str, partition: int, start: int = 0) -> AsyncIterator[LogRecord]:
+    async def read(self, topic: str, partition: int, start: int = 0) -> AsyncGenerator[LogRecord, None]:
         """Records of ``topic``/``partition`` from ``start`` up to the end offset seen when called."""
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap,
@@ -167,13 +167,21 @@ class ChangelogTable(Generic[V]):
     def get(self, key: str) -> V | None:
         return self._data.get(key)
 
-    async def put(self, key: str, value: V) -> int:
-        """Write through: the changelog record is acknowledged before the in-memory value changes."""
+    async def put(self, key: str, value: V, *, cache: bool = True) -> int:
+        """Write through: the changelog record is acknowledged before the in-memory value changes.
+
+        ``cache=False`` only appends to the changelog, for a writer that decides after the write whether its
+        value may replace the one here (:meth:`cache`): a combiner's tenure may end while it writes."""
         partition = self.partition_of(key)
         offset = await self.io.send(self.topic, key.encode("utf-8"), self._encode(value), partition)
-        self._data[key] = value
-        self._partition_of[key] = partition
+        if cache:
+            self.cache(key, value)
         return offset
+
+    def cache(self, key: str, value: V) -> None:
+        """Set the in-memory value of a key whose changelog record was written (see :meth:`put`)."""
+        self._data[key] = value
+        self._partition_of[key] = self.partition_of(key)
 
     async def put_raw(self, partition: int, key: str, value: bytes) -> None:
         """A partition-level record (key starting with ``__``), e.g. a checkpoint."""

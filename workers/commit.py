@@ -1,0 +1,223 @@
+"""The combiner's commit point and recovery: the deltas log, the snapshot table, checkpoints, the claim.
+
+A window is committed by appending its delta record to the partition's deltas log; only if no other claim
+lies before it there (:meth:`workers.tenure.Tenure.check`) does the combiner write the snapshot, a checkpoint,
+offer the version to Redis — and the caller ack the window's records. Otherwise the record is fenced and the
+tenure stands down. :func:`ensure_ready` starts a tenure: claim, recover the snapshots, replay the log up to
+the claim (docs/reliability.md, "Fencing zombie combiners").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import aclosing
+
+from combee.models import Playbook
+from combee.playbook import apply_delta, render_prompt
+from streams.deltalog import (
+    ClaimTracker,
+    Position,
+    decode_checkpoint,
+    decode_log_record,
+    encode_checkpoint,
+    replay_start,
+)
+from streams.envelopes import Claim, DeltaRecord, Snapshot
+from workers.context import Learner
+from workers.runtime import NamespaceRuntime
+from workers.tenure import Tenure
+
+__all__ = ["bind", "commit", "ensure_ready", "snapshot_of"]
+
+log = logging.getLogger("combee.worker.combine")
+LEDGER = 4096
+KEEP_VERSIONS = 8
+CHECKPOINT = "__checkpoint__"
+CLAIM_KEY = "__claim__"
+
+
+def bind(ctx: Learner, tenure: Tenure, namespace: str) -> NamespaceRuntime:
+    """The namespace's runtime, its combiner state bound to ``tenure``."""
+    rt = ctx.runtime(namespace)
+    if rt.tenure is not tenure:
+        if rt.tenure is not None and not rt.tenure.fenced:  # not expected: a revocation drops the runtimes
+            log.warning("%s: combiner state of an earlier tenure dropped", namespace)
+            del ctx.runtimes[namespace]
+            rt = ctx.runtime(namespace)
+        rt.tenure = tenure
+    return rt
+
+
+def snapshot_of(rt: NamespaceRuntime) -> Snapshot | None:
+    return rt.tenure.snapshots.get(rt.namespace) if rt.tenure is not None else None
+
+
+async def commit(
+    ctx: Learner, rt: NamespaceRuntime, record: DeltaRecord, playbook: Playbook, next_seq: int, source: str | None
+) -> bool:
+    """Log the record (the commit point); if no other claim came before it, snapshot, checkpoint and offer the
+    version to Redis. False when it was not logged (the tenure is over) or was fenced (nothing else written)."""
+    tenure = rt.tenure
+    if tenure is None or tenure.fenced:
+        return False
+    assert record.epoch == tenure.epoch
+    snap = tenure.snapshots.get(rt.namespace)
+    offset = await ctx.send(ctx.topics.deltas, rt.namespace, record, tenure.partition)
+    tenure.logged(offset, rt.namespace)
+    if not await tenure.check(ctx.io, ctx.topics.deltas, offset):
+        ctx.fenced_writes += 1
+        log.warning(
+            "fenced: %s v%d logged at %s[%d]@%d under epoch %d, after the claim at %d by %s; not snapshotted, "
+            "not published, not acked (fenced writes: %d)",
+            record.window_id, record.version, ctx.topics.deltas, tenure.partition, offset, tenure.epoch,
+            tenure.fenced_at, tenure.fenced_by, ctx.fenced_writes,
+        )  # fmt: skip
+        _stand_down(ctx, tenure)
+        return False
+    await _remember(ctx, rt, snap, record, playbook, next_seq, source, offset)
+    return True
+
+
+def _stand_down(ctx: Learner, tenure: Tenure) -> None:
+    """Another process owns the partition: drop the combiner's state of it, ack nothing of it, and do not claim
+    it again until it is revoked (a revocation makes it claimable; the new owner redoes the open windows)."""
+    for rt in ctx.runtimes.values():
+        if rt.tenure is tenure:
+            rt.windows.clear()
+            rt.by_seq.clear()
+    tenure.snapshots.clear()
+    if ctx.tenures.get(tenure.partition) is tenure:
+        ctx.snapshots.forget(tenure.partition)  # the map stage re-reads it; the partition stays "ready" (fenced)
+
+
+def _is_current(ctx: Learner, tenure: Tenure) -> bool:
+    return ctx.tenures.get(tenure.partition) is tenure and not tenure.fenced
+
+
+async def _remember(
+    ctx: Learner,
+    rt: NamespaceRuntime,
+    snap: Snapshot | None,
+    record: DeltaRecord,
+    playbook: Playbook,
+    next_seq: int,
+    source: str | None,
+    offset: int,
+    *,
+    checkpoint: bool = True,
+) -> None:
+    """Write the snapshot the valid record at ``offset`` produced, a checkpoint, and offer the version."""
+    tenure = rt.tenure
+    assert tenure is not None
+    marks = dict(snap.watermarks) if snap is not None else {}
+    if source is not None and record.last_offset is not None:
+        marks[source] = max(marks.get(source, -1), record.last_offset)
+    applied = ((snap.applied if snap is not None else ()) + (record.window_id,))[-LEDGER:]
+    new = Snapshot(
+        playbook=playbook,
+        applied=applied,
+        watermarks=tuple(sorted(marks.items())),
+        next_seq=next_seq,
+        delta_offset=offset,
+        epoch=record.epoch,
+        updated_at=time.time(),
+    )
+    await ctx.snapshots.put(rt.namespace, new, cache=False)
+    tenure.snapshots[rt.namespace] = new
+    tenure.snapshotted(rt.namespace, offset)
+    if _is_current(ctx, tenure):  # a tenure that ended meanwhile (revoked, fenced) wrote to the changelog only
+        ctx.snapshots.cache(rt.namespace, new)
+        position = tenure.checkpoint()
+        if checkpoint and position is not None:
+            await ctx.snapshots.put_raw(tenure.partition, CHECKPOINT, encode_checkpoint(position))
+    rt.playbooks[playbook.version] = playbook
+    for v in sorted(rt.playbooks)[:-KEEP_VERSIONS]:
+        del rt.playbooks[v]
+    ctx.publisher.offer(
+        rt.namespace,
+        playbook.version,
+        render_prompt(playbook),
+        playbook.model_dump_json(),
+        window_id=record.window_id,
+        meta={"bullets": len(playbook.bullets), "traces": record.trace_count, "note": record.note},
+    )
+
+
+async def ensure_ready(ctx: Learner, partition: int) -> Tenure:
+    """Claim ``partition`` of the deltas log, recover its snapshots and replay the log up to the claim.
+
+    The claim comes first: from its offset on, a record of any earlier owner is fenced, so the replay — from
+    the earliest point the checkpoint and the snapshots vouch for, through the claim, judging every record
+    with the log's rule — sees every record that will ever count before the claim. Records after the claim are
+    not this tenure's to replay: only its own (checked one by one) or fenced ones can lie there.
+    """
+    tenure = ctx.tenures.get(partition)
+    if partition in ctx.ready_partitions and tenure is not None:
+        return tenure
+    lock = ctx.partition_locks.setdefault(partition, asyncio.Lock())
+    async with lock:
+        tenure = ctx.tenures.get(partition)
+        if partition in ctx.ready_partitions and tenure is not None:
+            return tenure
+        claim = Claim(partition=partition, owner=ctx.owner, claimed_at=time.time())
+        epoch = await ctx.send(ctx.topics.deltas, CLAIM_KEY, claim, partition)
+        tenure = Tenure(partition=partition, epoch=epoch, owner=ctx.owner)
+        ctx.tenures[partition] = tenure
+        await ctx.snapshots.recover(partition)
+        for ns in ctx.snapshots.keys(partition):
+            snap = ctx.snapshots.get(ns)
+            if snap is not None:
+                tenure.snapshots[ns] = snap
+        raw = ctx.snapshots.raw.get((partition, CHECKPOINT))
+        start = replay_start(decode_checkpoint(raw) if raw else None, tenure.snapshots.values())
+        replayed, fenced = await _replay(ctx, tenure, start)
+        await ctx.snapshots.put_raw(partition, CHECKPOINT, encode_checkpoint(Position(epoch, epoch)))
+        for snap in tenure.snapshots.values():  # make sure Redis has the newest version (CAS: no-op if so)
+            pb = snap.playbook
+            if pb.version > 0:
+                ctx.publisher.offer(
+                    pb.namespace, pb.version, render_prompt(pb), pb.model_dump_json(), window_id=None, meta={}
+                )
+        ctx.ready_partitions.add(partition)
+        log.info(
+            "partition %d: claimed at %s[%d]@%d as %s; replayed %d logged deltas from offset %d onto the recovered "
+            "snapshots (%d fenced records skipped)",
+            partition, ctx.topics.deltas, partition, epoch, ctx.owner, replayed, start.offset + 1, fenced,
+        )  # fmt: skip
+        return tenure
+
+
+async def _replay(ctx: Learner, tenure: Tenure, start: Position) -> tuple[int, int]:
+    """Apply the valid records after ``start`` up to the tenure's claim; returns (replayed, fenced)."""
+    tracker = ClaimTracker(start.epoch)
+    replayed = fenced = 0
+    async with aclosing(ctx.io.read(ctx.topics.deltas, tenure.partition, start.offset + 1)) as records:
+        async for rec in records:
+            if rec.offset > tenure.epoch:
+                break
+            record = decode_log_record(rec.value)
+            if record is None:
+                continue
+            verdict = tracker.judge(rec.offset, record)
+            fenced += verdict == "fenced"
+            if verdict != "valid" or not isinstance(record, DeltaRecord):
+                continue
+            rt = bind(ctx, tenure, record.namespace)
+            snap = tenure.snapshots.get(record.namespace)
+            current = snap.playbook if snap is not None else Playbook(namespace=record.namespace)
+            if record.version != current.version + 1:
+                if record.version > current.version + 1:
+                    log.error(
+                        "%s: logged v%d follows v%d in the snapshot; not replayed",
+                        rt.namespace,
+                        record.version,
+                        current.version,
+                    )
+                continue  # already part of the snapshot
+            playbook = record.playbook or apply_delta(current, record.delta, ctx.config.method.policy)[0]
+            next_seq = record.seq + 1 if record.seq >= 0 else (snap.next_seq if snap is not None else 0)
+            await _remember(ctx, rt, snap, record, playbook, next_seq, record.source, rec.offset, checkpoint=False)
+            replayed += 1
+    return replayed, fenced
