@@ -32,7 +32,7 @@ DATA_ENV = "COMBEE_FINANCE_DATA"
 LOCAL_BASE_URL = "http://127.0.0.1:8090/v1"
 LOCAL_MODEL = "local"
 FULL = (60, 100)  # the acceptance size: >= 60 training traces, >= 100 test questions
-QUICK = (16, 30)
+QUICK = (4, 5)  # ~9 min on the local 1.5B model on 2 cores, from the per-question costs in docs/benchmarks.md
 METHODS = ("sequential", "naive", "combee")
 
 

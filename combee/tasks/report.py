@@ -93,7 +93,9 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
                 "merge_fallbacks": meter.merge_fallbacks,
             }
         methods.append(row)
-    learn_wall = {m["method"]: m["learn"]["wall_s"] for m in methods if m["learn"]}
+    for name, why in result.failed.items():
+        methods.append({"method": name, "error": why, "learn": {**result.phases[f"learn-{name}"].as_dict()}})
+    learn_wall = {m["method"]: m["learn"]["wall_s"] for m in methods if m["learn"] and "error" not in m}
     ratio: dict[str, Any] = {}
     if learn_wall.get("sequential") and "combee" in learn_wall:
         ratio = {
@@ -120,6 +122,7 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
         "combee_vs_sequential_learning": ratio,
         "bootstrap": {"resamples": resamples, "seed": seed, "level": LEVEL, "unit": "test question"},
         "served_models": sorted({m for s in result.phases.values() for m in s.models}),
+        "context_tokens": result.context_tokens,
         "cached_calls": cached,
         "wall_s": round(result.wall_s, 3),
     }
@@ -145,6 +148,10 @@ def _learn_cached(doc: Mapping[str, Any]) -> bool:
     return any(m["learn"]["cached_calls"] for m in doc["methods"] if m["method"] in ("sequential", "combee"))
 
 
+def _evaluated(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [m for m in doc["methods"] if "error" not in m]
+
+
 def markdown(doc: Mapping[str, Any]) -> str:
     """``results.md``: provenance lines, the accuracy and cost table, and the learning-time ratio."""
     label = "SIMULATED (Combee simulator; not a real model)" if doc["simulated"] else "real model"
@@ -163,6 +170,9 @@ def markdown(doc: Mapping[str, Any]) -> str:
     ]
     for m in doc["methods"]:
         learn = m["learn"]
+        if "error" in m:
+            lines.append(f"| {m['method']} | failed: {m['error']} |" + " |" * 11)
+            continue
         second = m["upstream_accuracy"] if doc["task"] == "formula" else m["all_correct"]
         delta = m.get("delta_vs_none")
         delta_text = "–" if delta is None else f"{100 * delta['mean']:+.1f} {_ci(delta['ci95'])}"
@@ -218,7 +228,7 @@ def write_plot(doc: Mapping[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = doc["methods"]
+    rows = _evaluated(doc)
     names = [m["method"] for m in rows]
     colors = [_COLORS.get(n, "#2ca02c") for n in names]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))

@@ -26,8 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from combee.errors import ContextTooSmall
 from combee.learner import LearnConfig, LearnResult, learn
-from combee.llm import LLM, ChatRequest, ChatResponse, Role
+from combee.llm import LLM, ChatRequest, ChatResponse, Role, context_tokens_of
 from combee.models import Playbook, Trace
 from combee.tasks.agent import Attempt, answer_all, to_trace
 from combee.tasks.data import Question
@@ -127,10 +128,12 @@ class HarnessResult:
     train_attempts: list[Attempt]
     traces: list[Trace]
     learned: dict[str, LearnResult]
+    failed: dict[str, str]  # method -> why it could not learn (its calls did not fit the model's context)
     evals: dict[str, list[Attempt]]
     playbooks: dict[str, Playbook]
     phases: dict[str, PhaseStats]
     wall_s: float
+    context_tokens: int | None = None  # the model's context window per request, when the LLM says it
 
 
 class _Quiet:
@@ -157,7 +160,10 @@ async def run_harness(
 ) -> HarnessResult:
     """Run the three phases (module docstring) and return everything they produced, uncut.
 
-    LLM-layer errors (endpoint gone after retries) propagate; with a response cache a re-run resumes cheaply.
+    A method whose calls cannot fit the model's context window (:class:`~combee.errors.ContextTooSmall`: e.g.
+    one naive curator call over many reflections on a small-context server) is recorded in ``failed`` and not
+    evaluated; the others go on. Other LLM-layer errors (endpoint gone after retries) propagate; with a
+    response cache a re-run resumes cheaply.
     """
 
     def bar(label: str) -> ProgressBar:
@@ -172,6 +178,7 @@ async def run_harness(
     p = bar("traces (agent, empty playbook)")
     t0 = clock()
     async with llm_for("traces") as llm:
+        context = await context_tokens_of(llm, Role.GENERATOR)
         train_attempts = await answer_all(
             MeteredLLM(llm, stats), config.task, config.train, empty, concurrency=config.concurrency,
             progress=p.update,
@@ -182,16 +189,21 @@ async def run_harness(
 
     # 2. learn the same traces with every method
     learned: dict[str, LearnResult] = {}
+    failed: dict[str, str] = {}
     for method, learn_config in config.methods.items():
         stats = phases.setdefault(f"learn-{method}", PhaseStats())
         p = bar(f"learning ({method})")
         t0 = clock()
-        async with llm_for(f"learn-{method}") as llm:
-            learned[method] = await learn(
-                traces, MeteredLLM(llm, stats), learn_config, progress=_learn_progress(p), clock=clock
-            )
-        stats.wall_s = clock() - t0
-        p.close()
+        try:
+            async with llm_for(f"learn-{method}") as llm:
+                learned[method] = await learn(
+                    traces, MeteredLLM(llm, stats), learn_config, progress=_learn_progress(p), clock=clock
+                )
+        except ContextTooSmall as exc:  # this method's calls do not fit the model; the others may
+            failed[method] = f"{exc} (serve a larger context per slot, or use a smaller --batch-size)"
+        finally:
+            stats.wall_s = clock() - t0
+            p.close()
 
     # 3. evaluate the empty playbook and every learned one on the same test questions
     playbooks = {BASELINE: empty, **{m: r.playbook for m, r in learned.items()}}
@@ -213,6 +225,8 @@ async def run_harness(
         train_attempts=train_attempts,
         traces=traces,
         learned=learned,
+        failed=failed,
+        context_tokens=context,
         evals=evals,
         playbooks=playbooks,
         phases=phases,

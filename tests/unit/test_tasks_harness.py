@@ -15,7 +15,7 @@ from combee.learner import LearnConfig
 from combee.llm import LLM, ChatRequest, Role
 from combee.tasks.cli import _display_url, default_data_dir
 from combee.tasks.data import Question
-from combee.tasks.report import document, markdown
+from combee.tasks.report import document, markdown, write_plot
 from combee.tasks.run import BASELINE, HarnessConfig, run_harness
 from tests.fakes import ScriptedLLM, block_lines, echo_script
 
@@ -159,3 +159,37 @@ async def test_the_metering_wrapper_passes_the_context_window_through() -> None:
 
     assert await MeteredLLM(Sized(_script), PhaseStats()).context_tokens(Role.REFLECTOR) == 4096
     assert await MeteredLLM(ScriptedLLM(_script), PhaseStats()).context_tokens(Role.REFLECTOR) is None
+
+
+async def test_a_method_whose_calls_cannot_fit_the_context_is_reported_failed_and_the_others_go_on(
+    tmp_path: Path,
+) -> None:
+    def script(request: ChatRequest) -> str:
+        if request.role is Role.REFLECTOR:
+            lesson = "When the task names a formula, substitute every given value before computing. " * 6
+            return json.dumps({"diagnosis": "d", "insights": [{"section": "formulas", "content": lesson[:590]}]})
+        return _script(request)
+
+    class Small(ScriptedLLM):
+        async def context_tokens(self, role: Role) -> int | None:
+            return 3000
+
+    @contextlib.asynccontextmanager
+    async def llm_for(phase: str) -> AsyncIterator[LLM]:
+        yield Small(script)
+
+    questions = [Question(f"q:{i}", f"Question {i}: what is {i} + {i}? Answer:", f"{2 * i}.0") for i in range(1, 13)]
+    methods = {
+        "sequential": LearnConfig(MethodConfig(method=Method.SEQUENTIAL), batch_size=1),
+        "naive": LearnConfig(MethodConfig(method=Method.NAIVE), batch_size=12),
+    }
+    config = HarnessConfig(task="formula", train=questions, test=questions[:2], methods=methods)
+    result = await run_harness(config, llm_for)
+    assert list(result.failed) == ["naive"] and "context" in result.failed["naive"]
+    assert list(result.evals) == [BASELINE, "sequential"]
+    assert result.context_tokens == 3000
+    doc = document(result, {"task": "formula", "simulated": False, "model": "m", "endpoint": "e", "seed": 0,
+                             "batch_size": 12}, resamples=50)  # fmt: skip
+    assert [m["method"] for m in doc["methods"]] == [BASELINE, "sequential", "naive"]
+    assert "failed:" in markdown(doc)
+    assert write_plot(doc, tmp_path / "a.png").exists()
