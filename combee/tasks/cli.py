@@ -132,7 +132,7 @@ def _settings(args: argparse.Namespace, base_url: str | None) -> Any:
     try:
         settings = Settings(**overrides)
     except Exception as exc:  # pydantic ValidationError: one line, no traceback
-        raise CliError(f"invalid setting: {str(exc).strip().splitlines()[0:3]}") from None
+        raise CliError("invalid setting: " + " ".join(str(exc).strip().splitlines()[:3])[:300]) from None
     # The harness's own defaults where neither an option nor the environment chose: the local model, a few
     # requests in flight (a CPU server has a few slots) and a timeout long enough for its queue.
     defaults = {"openai_base_url": LOCAL_BASE_URL, "model": LOCAL_MODEL, "llm_max_concurrency": 4,
