@@ -366,21 +366,28 @@ def reflector_schema(bullet_ids: Sequence[str]) -> dict[str, Any]:
     return _object(properties)
 
 
-def curator_schema(bullet_ids: Sequence[str]) -> dict[str, Any]:
-    """The operations schema: ADD always; UPDATE/REMOVE of the shown ``bullet_ids`` when there are any."""
-    return _object(
-        {"operations": {"type": "array", "maxItems": LIMITS.ops_per_llm_answer, "items": _op_schema(bullet_ids)}}
-    )
+def curator_schema(bullet_ids: Sequence[str], max_ops: int = LIMITS.ops_per_llm_answer) -> dict[str, Any]:
+    """The operations schema: ADD always; UPDATE/REMOVE of the shown ``bullet_ids`` when there are any.
+
+    ``max_ops`` (at most the parser's limit) bounds the list, so a small model cannot ramble on to its token
+    limit and cut its own answer off.
+    """
+    items = min(max(max_ops, 1), LIMITS.ops_per_llm_answer)
+    return _object({"operations": {"type": "array", "maxItems": items, "items": _op_schema(bullet_ids)}})
 
 
 def merger_schema(proposal_ids: Sequence[str], bullet_ids: Sequence[str]) -> dict[str, Any]:
-    """The merge schema: ``keep``/``from`` name listed proposals; combined operations target ``bullet_ids``."""
+    """The merge schema: ``keep``/``from`` name listed proposals; combined operations target ``bullet_ids``.
+
+    At most one combined operation per two proposals (a combination merges at least two).
+    """
     pid = {"type": "string", "enum": list(proposal_ids)}
     entry = _object({"from": {"type": "array", "minItems": 1, "items": dict(pid)}, "op": _op_schema(bullet_ids)})
+    combined = min(max(len(proposal_ids) // 2, 1), LIMITS.ops_per_llm_answer)
     return _object(
         {
             "keep": {"type": "array", "maxItems": len(proposal_ids), "items": pid},
-            "combine": {"type": "array", "maxItems": LIMITS.ops_per_llm_answer, "items": entry},
+            "combine": {"type": "array", "maxItems": combined, "items": entry},
         }
     )
 
@@ -658,6 +665,18 @@ def _reflection_payload(ref: str, r: Reflection) -> dict[str, Any]:
     return out
 
 
+CURATOR_OPS_PER_INSIGHT = 1
+CURATOR_EDITS_OF_SHOWN = 4
+
+
+def curator_op_bound(reflections: Sequence[Reflection], bullet_ids: Sequence[str]) -> int:
+    """The most operations a curator answer may hold: one per insight offered, plus a few edits (UPDATE/REMOVE)
+    of shown bullets; never more than the parser's limit."""
+    insights = sum(len(r.insights) for r in reflections)
+    edits = min(len(bullet_ids), CURATOR_EDITS_OF_SHOWN)
+    return max(1, min(LIMITS.ops_per_llm_answer, CURATOR_OPS_PER_INSIGHT * insights + edits))
+
+
 def curator_ask(
     reflections: Sequence[Reflection],
     playbook: Playbook,
@@ -688,7 +707,7 @@ def curator_ask(
         role=Role.CURATOR,
         messages=messages,
         schema_name="combee_operations",
-        json_schema=curator_schema(ids),
+        json_schema=curator_schema(ids, max_ops=curator_op_bound(reflections, ids)),
         max_tokens=budget,
     )
     return Ask(
