@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from combee.errors import LLMParseError
 from combee.prompts import load_object, parse_answer, read_merge, read_operations, read_reflection
 from tests.unit.test_schema_agreement import is_valid
 
@@ -77,3 +78,13 @@ def test_what_the_real_answers_say() -> None:
     merge = parse(FIXTURES["merger_nine_proposals"]).value
     assert merge.keep == tuple(f"p{i}" for i in range(1, 10)) and merge.combine == ()
     assert parse(FIXTURES["generator_formula_question"]) == "2.00"
+
+
+def test_a_repair_turn_with_the_real_model() -> None:
+    fixture = FIXTURES["reflector_repair_turn"]
+    assert [m["role"] for m in fixture["request"]["messages"]] == ["system", "user", "assistant", "user"]
+    with pytest.raises(LLMParseError) as info:
+        parse({**fixture, "answer": fixture["rejected_answer"]})
+    assert str(info.value) == fixture["problem"] and info.value.kind == "missing_key"
+    repaired = parse(fixture).value
+    assert repaired.insights and [t.bullet_id for t in repaired.tags] == ["b00002"]
