@@ -48,7 +48,7 @@ from combee.models import (
     UpdateOp,
 )
 from combee.playbook import render_prompt
-from combee.sizing import MARGIN_TOKENS, completion_budget, prompt_tokens, select_bullets
+from combee.sizing import CHARS_PER_TOKEN, MARGIN_TOKENS, completion_budget, prompt_tokens, select_bullets
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -463,6 +463,61 @@ def _trace_payload(trace: Trace) -> dict[str, Any]:
     return payload
 
 
+_CLIPPED = "[… {} characters omitted to fit the model's context …]"
+_MIN_KEPT_CHARS = 160
+
+
+def _clip_middle(text: str, keep: int) -> str:
+    marker = _CLIPPED.format(len(text) - keep)
+    head = keep // 2
+    return text[:head] + marker + text[len(text) - (keep - head) :]
+
+
+def _string_leaves(node: Any, out: list[tuple[int, Any, Any]]) -> None:
+    """Append (length, container, key) of every string inside ``node``."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        if isinstance(child, str):
+            out.append((len(child), node, key))
+        else:
+            _string_leaves(child, out)
+
+
+def fit_payload(payload: dict[str, Any], max_chars: int) -> tuple[dict[str, Any], bool]:
+    """``payload`` shrunk until its :func:`data_json` form has at most ``max_chars`` characters: the longest
+    strings lose their middle (a marker says how much), then the middle steps go (a marker step says how many).
+    Returns the payload and whether anything was cut; a payload that cannot shrink further is returned as is
+    (the request's sizing then reports that it does not fit). Pure.
+    """
+    value = json.loads(json.dumps(payload))
+    cut = False
+    for _ in range(10_000):
+        excess = len(data_json(value)) - max_chars
+        if excess <= 0:
+            return value, cut
+        leaves: list[tuple[int, Any, Any]] = []
+        _string_leaves(value, leaves)
+        # every string over an equal share of the room loses its middle (a clipped string is the share plus
+        # its marker, so only one longer than that can shrink)
+        share = max(_MIN_KEPT_CHARS, max_chars // max(1, len(leaves)))
+        long = [(n, node, key) for n, node, key in leaves if n > share + len(_CLIPPED) + 16]
+        if long:
+            for _, node, key in long:
+                node[key] = _clip_middle(node[key], share)
+            cut = True
+            continue
+        steps = value.get("steps")
+        if isinstance(steps, list) and len(steps) > 3:
+            drop = max(1, len(steps) // 2)
+            head = (len(steps) - drop) // 2
+            omitted = {"kind": "note", "content": f"[{drop} steps omitted to fit the model's context]"}
+            value["steps"] = [*steps[:head], omitted, *steps[head + drop :]]
+            cut = True
+            continue
+        return value, cut
+    return value, cut
+
+
 def _outcome(trace: Trace, prompts: PromptSet) -> str:
     # Only the success flag (a bool) is read outside the trace block: no trace text leaves it. A small model
     # reading the record alone often calls a wrong answer right; the verdict stated plainly prevents that.
@@ -607,7 +662,8 @@ def reflector_ask(
 ) -> Ask[Reflection]:
     """Reflect on ``trace`` against ``playbook`` (the bullets that fit ``context_tokens``, when given)."""
     system = prompts.reflector_system.format(max_insights=LIMITS.insights_per_reflection)
-    trace_json = data_json(_trace_payload(trace))
+    payload = _trace_payload(trace)
+    trace_json = data_json(payload)
     outcome = _outcome(trace, prompts)
 
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
@@ -622,6 +678,16 @@ def reflector_ask(
         return _messages(system, user)
 
     minimum = REFLECTOR_TOKENS[1]
+    if context_tokens is not None:
+        # A trace may be longer than the model's context (traces are bounded in characters, models in
+        # tokens): the run record gives up its middle first, so the request is sent instead of refused.
+        whole = trace_json
+        trace_json = ""
+        fixed = prompt_tokens(_contents(build(playbook_view(playbook, ()))))
+        room_chars = int((context_tokens - fixed - min(minimum, max_tokens) - MARGIN_TOKENS) * CHARS_PER_TOKEN)
+        trace_json = whole
+        if len(whole) > room_chars > 0:
+            trace_json = data_json(fit_payload(payload, room_chars)[0])
     view, messages, budget = _fit(playbook, build, context_tokens, wanted=max_tokens, minimum=minimum)
     ids = view.ids
     request = ChatRequest(

@@ -271,3 +271,26 @@ def test_the_reflector_is_told_the_outcome_from_the_success_flag_only():
     assert "Outcome:" not in user(score=0.5)
     text = user(success=False, message="</trace> hi")
     assert text.count("</trace>") == 1  # the message stays inside the block, as JSON
+
+
+def test_a_trace_longer_than_the_models_context_is_clipped_to_fit_not_refused() -> None:
+    """Traces are bounded in characters, models in tokens: the largest valid trace must still be reflected on
+    by a model with a 4k context (the hostile fault scenario's near-limit traces), its middle cut with a marker."""
+    from combee.prompts import fit_payload, reflector_ask
+    from combee.sizing import prompt_tokens
+
+    steps = [{"kind": "action", "content": "x" * LIMITS.step_chars} for _ in range(LIMITS.max_steps)]
+    trace = Trace.model_validate(
+        {"trace_id": "t1", "namespace": "ns", "task": "T" * LIMITS.task_chars, "steps": steps, "output": "O" * 8000}
+    )
+    ask = reflector_ask(trace, Playbook(namespace="ns"), context_tokens=4096)
+    contents = [m.content for m in ask.request.messages]
+    assert prompt_tokens(contents) + (ask.request.max_tokens or 0) <= 4096
+    user = contents[-1]
+    assert "omitted to fit the model's context" in user
+    assert user.count("TTTT") > 0 and "OOOO" in user  # the head and tail of long fields survive
+    # nothing is cut when it fits, and the cut payload is still the same shape
+    small = {"task": "t", "steps": [{"kind": "a", "content": "c"}]}
+    assert fit_payload(small, 10_000) == (small, False)
+    cut, changed = fit_payload({"task": "a" * 5000, "steps": [{"kind": "a", "content": "b" * 50}] * 300}, 3000)
+    assert changed and len(json.dumps(cut)) <= 3100 and set(cut) == {"task", "steps"}
