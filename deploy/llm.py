@@ -542,10 +542,17 @@ def status(state_dir: Path | None = None) -> ServerStatus:
     )
 
 
+#: Client timeout for a local CPU model (seconds).
+CPU_TIMEOUT_S = 900
+
+
 def export_lines(cfg: ServerConfig) -> str:
     """``eval``-able lines that point Combee at the server: its URL, the alias, and no more requests in
-    flight than it has slots (more would only queue inside llama.cpp and run into client timeouts)."""
-    env = {"OPENAI_BASE_URL": cfg.base_url, "COMBEE_MODEL": ALIAS, "COMBEE_LLM_MAX_CONCURRENCY": str(cfg.slots)}
+    flight than it has slots (more would only queue inside llama.cpp and run into client timeouts), and a
+    client timeout a CPU model can meet (one answer of a few hundred tokens takes minutes on 2 cores with
+    every slot busy; the default 120 s made `combee learn` give up and start each request again)."""
+    env = {"OPENAI_BASE_URL": cfg.base_url, "COMBEE_MODEL": ALIAS, "COMBEE_LLM_MAX_CONCURRENCY": str(cfg.slots),
+           "COMBEE_LLM_TIMEOUT_S": str(CPU_TIMEOUT_S)}  # fmt: skip
     return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items())
 
 

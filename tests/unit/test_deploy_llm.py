@@ -241,6 +241,7 @@ def test_export_lines_point_combee_at_the_server() -> None:
         "export OPENAI_BASE_URL=http://127.0.0.1:8091/v1",
         "export COMBEE_MODEL=local",
         "export COMBEE_LLM_MAX_CONCURRENCY=3",
+        "export COMBEE_LLM_TIMEOUT_S=900",
     ]
 
 
