@@ -42,6 +42,7 @@ from typing import Any
 from combee.engine import MethodConfig, Window, run_window
 from combee.models import Playbook
 from combee.playbook import ApplyPolicy, apply_delta, render_prompt
+from combee.settings import Settings
 from combee.sim.inproc import InProcessSim
 from combee.sim.world import Behaviour, WorldResponder, retention
 from streams.codec import CodecError, decode, decode_trace
@@ -394,12 +395,31 @@ def _bullets(pb: Playbook) -> list[tuple[str, str, str, int, int]]:
     return [(b.id, b.section, b.content, b.helpful, b.harmful) for b in pb.bullets]
 
 
+class _WorkersContext:
+    """The in-process simulator seen through the workers' context window. The HTTP simulator reports none, so
+    the workers size every request to the `COMBEE_LLM_CONTEXT_TOKENS` default (a near-limit trace is clipped to
+    fit); the same-windows replay must size its requests the same way, or its answers differ."""
+
+    def __init__(self, inner: InProcessSim, tokens: int) -> None:
+        self.inner, self.tokens = inner, tokens
+
+    async def complete(self, request: Any) -> Any:
+        return await self.inner.complete(request)
+
+    async def context_tokens(self, role: Any) -> int:
+        return self.tokens
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def _fault_free_same_windows(obs: Observed, ns: str, seed: int) -> Playbook:
     """The namespace's windows, as the delta log records them, re-executed without faults (see quality)."""
     recs = sorted(
         {(r.window_id, r.version): r for r in obs.deltas if r.namespace == ns}.values(), key=lambda r: r.version
     )
-    llm = InProcessSim(WorldResponder(Behaviour(seed=seed)), seed=seed)
+    sim = InProcessSim(WorldResponder(Behaviour(seed=seed)), seed=seed)
+    llm = _WorkersContext(sim, Settings.model_fields["llm_context_tokens"].default)
 
     async def replay() -> Playbook:
         pb = Playbook(namespace=ns)
