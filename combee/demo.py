@@ -102,7 +102,7 @@ def _streaming(args: argparse.Namespace) -> int:
     from combee.sim.runner import SimProcess
     from deploy import local
 
-    state_dir = Path(os.environ["COMBEE_STATE_DIR"]) if os.environ.get("COMBEE_STATE_DIR") else None
+    state_dir = _state_dir()
     services = local.up(state_dir)
     started = services.started
     bootstrap, redis_url = services.kafka_bootstrap, services.redis_url
