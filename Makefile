@@ -8,7 +8,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
-	.venv/bin/pip install -q -e '.[dev,llm]'
+	.venv/bin/pip install -q -e '.[dev,llm,embeddings]'
+	.venv/bin/python -m combee.embed_local install
 	touch $(STAMP)
 
 demo: $(STAMP)          ## the main job end to end: services, simulator, workers, two namespaces, prompts from Redis

@@ -32,6 +32,7 @@ from combee.models import (
     UpdateOp,
 )
 from combee.tokens import estimate_tokens
+from combee.wording import more_specific
 
 __all__ = [
     "ApplyPolicy",
@@ -181,8 +182,10 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
     Order: tag counts, then the operations in the order given, then de-duplication, then the budget.
     An UPDATE or REMOVE naming a bullet that does not exist (removed meanwhile, or never there) is a counted
     no-op, not an error. ADD gets a fresh id from ``playbook.next_id``. Counters of duplicates are summed into
-    the kept bullet. When the rendering exceeds ``policy.token_budget`` (or ``max_bullets``), bullets are evicted
-    worst first: lowest helpful−harmful, then the least recently updated, then the highest id.
+    the kept (older) bullet, which takes the more specific of the two wordings when they differ beyond
+    normalisation (:func:`combee.wording.more_specific`). When the rendering exceeds ``policy.token_budget``
+    (or ``max_bullets``), bullets are evicted worst first: lowest helpful−harmful, then the least recently
+    updated, then the highest id.
     """
     policy = policy or ApplyPolicy()
     stats = ApplyStats()
@@ -236,9 +239,15 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
             merged = {b.id: b for b in ordered}
             for dup_id, keep_id in sorted(dropped.items()):
                 dup, keep = merged[dup_id], merged[keep_id]
-                merged[keep_id] = keep.model_copy(
-                    update={"helpful": keep.helpful + dup.helpful, "harmful": keep.harmful + dup.harmful}
-                )
+                update: dict[str, object] = {
+                    "helpful": keep.helpful + dup.helpful,
+                    "harmful": keep.harmful + dup.harmful,
+                }
+                if normalise_text(dup.content) != normalise_text(keep.content):
+                    wording = more_specific(keep.content, dup.content)
+                    if wording != keep.content:
+                        update.update(content=wording, updated=prov)
+                merged[keep_id] = keep.model_copy(update=update)
             ordered = [merged[b.id] for b in ordered if b.id not in dropped]
             stats.deduplicated += len(dropped)
 
