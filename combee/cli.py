@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -180,6 +181,40 @@ def build_llm(settings: Any) -> Any:
     return RoleRouter(default, {role: by_url[url] for role, url in urls.items()})
 
 
+def build_near_duplicates(settings: Any, *, log: Callable[[str], object] | None = None) -> Any:
+    """The semantic de-duplicator configured from settings, or None (exact match only), saying which and why.
+
+    ``embeddings``: ``endpoint`` (or ``auto`` with ``embeddings_url`` set) asks an OpenAI-compatible
+    ``/v1/embeddings``; ``local`` (``auto`` otherwise) runs all-MiniLM-L6-v2 here when the ``embeddings``
+    extra is installed; ``off`` — or ``local``/``auto`` without the extra — leaves the exact rule.
+    """
+    from combee.embeddings import NearDuplicates
+
+    say = log or logging.getLogger("combee").info
+    mode = settings.embeddings
+    if mode == "off":
+        say("semantic de-duplication off (COMBEE_EMBEDDINGS=off): bullets are de-duplicated by exact match only")
+        return None
+    if mode == "endpoint" or (mode == "auto" and settings.embeddings_url):
+        from combee.embed_openai import OpenAIEmbedder
+
+        embedder: Any = OpenAIEmbedder(
+            settings.embeddings_url or settings.openai_base_url,
+            settings.embeddings_model,
+            settings.embeddings_api_key or settings.openai_api_key,
+        )
+    else:
+        from combee.embed_local import MiniLMEmbedder, local_embedder_missing
+
+        problem = local_embedder_missing(settings.embeddings_tokenizer)
+        if problem is not None:
+            say(f"semantic de-duplication off: {problem}; bullets are de-duplicated by exact match only")
+            return None
+        embedder = MiniLMEmbedder(settings.embeddings_tokenizer, threads=settings.embeddings_threads)
+    say(f"semantic de-duplication: {embedder.name}, threshold {settings.embeddings_threshold}")
+    return NearDuplicates(embedder, threshold=settings.embeddings_threshold)
+
+
 def method_config(settings: Any, method: str, group_factor: float = 1.0) -> Any:
     from combee.engine import Method, MethodConfig
     from combee.playbook import ApplyPolicy
@@ -262,6 +297,11 @@ def metrics_document(result: Any, *, method: str, settings: Any, extra: dict[str
         "skipped_traces": meter.skipped_traces,
         "skipped_groups": meter.skipped_groups,
         "merge_fallbacks": meter.merge_fallbacks,
+        "dedup": {
+            "folded_proposals": meter.folded_proposals,
+            "folded_ops": meter.folded_ops,
+            "seconds": round(meter.dedup_s, 4),
+        },
         "endpoint": _display(settings.openai_base_url),
         "models": {r.value: m for r, m in settings.models().items()},
         "method_config": {
@@ -325,6 +365,7 @@ async def _learn_async(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
         epochs=args.epochs,
         controller=controller,
     )
+    dedup = build_near_duplicates(settings, log=None if args.quiet else lambda m: err.write(f"combee: {m}\n"))
     progress = Progress(f"learning ({args.method})", err, quiet=args.quiet)
     llm = build_llm(settings)
     try:
@@ -333,6 +374,7 @@ async def _learn_async(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
             llm,
             config,
             progress=lambda done, total, pb: progress.update(done, total, f"v{pb.version} {len(pb.bullets)} bullets"),
+            dedup=dedup,
         )
         eval_doc: dict[str, Any] = {}
         if args.test is not None:

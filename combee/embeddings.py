@@ -81,10 +81,10 @@ class NearDuplicates:
                 self._cache[k] = unit(v)
         vectors_of: dict[str, Vector] = {}
         for k in keys:
-            v = self._cache.get(k)
-            if v is not None:
+            cached = self._cache.get(k)
+            if cached is not None:
                 self._cache.move_to_end(k)
-                vectors_of[k] = v
+                vectors_of[k] = cached
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return Similarity(vectors_of, self.threshold)

@@ -21,9 +21,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
 from combee.llm import LLM, ChatResponse, Role, Usage, context_tokens_of
-from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
+from combee.models import Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
 from combee.plan import ReducePlan, plan_reduce, window_id
 from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, normalise_text
 from combee.prompts import (
@@ -47,6 +48,7 @@ __all__ = [
     "Window",
     "WindowResult",
     "curate",
+    "fold_delta_ops",
     "merge",
     "proposals_of",
     "reflect",
@@ -147,6 +149,9 @@ class Meter:
     skipped_groups: int = 0
     merge_fallbacks: int = 0
     unknown_proposal_ids: int = 0
+    folded_proposals: int = 0  # near-duplicate ADD proposals collapsed before merge calls
+    folded_ops: int = 0  # ADDs of final deltas folded into existing bullets or into one another
+    dedup_s: float = 0.0  # wall time spent computing vectors and folding (the cost of semantic de-duplication)
     simulated: bool = False
     real: bool = False  # at least one answer came from a server that did not say it is the simulator
 
@@ -178,6 +183,9 @@ class Meter:
         self.skipped_groups += other.skipped_groups
         self.merge_fallbacks += other.merge_fallbacks
         self.unknown_proposal_ids += other.unknown_proposal_ids
+        self.folded_proposals += other.folded_proposals
+        self.folded_ops += other.folded_ops
+        self.dedup_s += other.dedup_s
         self.simulated |= other.simulated
         self.real |= other.real
 
@@ -334,14 +342,18 @@ async def merge(
     attempts: int = 3,
     clock: Callable[[], float] = time.monotonic,
     temperatures: Sequence[float] = RETRY_TEMPERATURES,
+    dedup: NearDuplicates | None = None,
 ) -> CallOutcome[tuple[DeltaOp, ...]]:
     """One merge call selecting among the children's operations.
 
-    With no proposals there is nothing to call. If every answer fails to parse, the children's operations
-    pass through unmerged (exact duplicates dropped) and ``meter.merge_fallbacks`` counts it: every passed
-    operation is a fully parsed curator proposal, so nothing half-parsed is applied, and a bad merge answer
-    does not throw away the whole subtree.
+    With ``dedup``, near-duplicate ADD proposals are collapsed first (the more specific wording kept), so the
+    merge prompt shrinks; ``meter.folded_proposals`` counts them. With no proposals there is nothing to call.
+    If every answer fails to parse, the children's operations pass through unmerged (exact duplicates
+    dropped) and ``meter.merge_fallbacks`` counts it: every passed operation is a fully parsed curator
+    proposal, so nothing half-parsed is applied, and a bad merge answer does not throw away the whole subtree.
     """
+    if dedup is not None:
+        partials = [await _fold(dedup, [op for partial in partials for op in partial], (), meter, proposals=True)]
     proposals = proposals_of(partials)
     if not proposals:
         return CallOutcome((), 0.0, 0)
@@ -354,6 +366,31 @@ async def merge(
     ops, unknown = resolve_merge(proposals, outcome.value)
     meter.unknown_proposal_ids += unknown
     return CallOutcome(ops, outcome.service_s, outcome.attempts)
+
+
+async def _fold(
+    dedup: NearDuplicates, ops: Sequence[DeltaOp], bullets: Sequence[Bullet], meter: Meter, *, proposals: bool
+) -> tuple[DeltaOp, ...]:
+    started = time.perf_counter()
+    folded, stats = await dedup.fold(ops, bullets, against_bullets=not proposals)
+    meter.dedup_s += time.perf_counter() - started
+    if proposals:
+        meter.folded_proposals += stats.merged
+    else:
+        meter.folded_ops += stats.merged
+    return folded
+
+
+async def fold_delta_ops(
+    dedup: NearDuplicates | None, ops: Sequence[DeltaOp], playbook: Playbook, meter: Meter
+) -> tuple[DeltaOp, ...]:
+    """A window's final operations with near duplicates folded (into ``playbook``'s bullets and one another).
+
+    This is what gets applied and logged, so applying it again (a replay) needs no vectors.
+    """
+    if dedup is None or not ops:
+        return tuple(ops)
+    return await _fold(dedup, ops, playbook.bullets, meter, proposals=False)
 
 
 @dataclass(frozen=True)
@@ -407,8 +444,13 @@ async def run_window(
     *,
     prompts: PromptSet = DEFAULT_PROMPTS,
     clock: Callable[[], float] = time.monotonic,
+    dedup: NearDuplicates | None = None,
 ) -> WindowResult:
     """Run one iteration of ``config.method`` on ``window`` against ``playbook`` (frozen for the iteration).
+
+    With ``dedup`` (semantic de-duplication), near-duplicate proposals collapse before every merge call and
+    the final delta's ADDs are folded into near-duplicate bullets (or one another) before it is applied —
+    the same for all three methods.
 
     Raises the LLM layer's :class:`combee.errors.LLMUnavailable` / ``LLMRateLimited`` if the endpoint stays
     down past its retries; bad answers never raise (they are retried, then skipped and counted in the meter).
@@ -435,11 +477,12 @@ async def run_window(
         reduce_s = 0.0
     elif config.method is Method.COMBEE:
         plan = config.plan(len(reflections), window.seed)
-        ops, reduce_s = await _reduce(plan, reflections, playbook, llm, kw)
+        ops, reduce_s = await _reduce(plan, reflections, playbook, llm, {**kw, "dedup": dedup})
     else:  # sequential (a window of one) and naive: one curator call over every reflection
         outcome = await curate(reflections, playbook, llm, **kw)  # type: ignore[arg-type]
         ops, reduce_s = outcome.value or (), outcome.service_s
 
+    ops = await fold_delta_ops(dedup, ops, playbook, meter)
     delta = Delta(
         namespace=window.namespace,
         window_id=window.id,
@@ -474,9 +517,11 @@ async def _reduce(
     Returns the root's operations and the critical path of the reduce (longest chain of service times).
     """
 
+    curate_kw = {k: v for k, v in kw.items() if k != "dedup"}
+
     async def leaf(g: int) -> tuple[tuple[DeltaOp, ...], float]:
         group = [reflections[i] for i in plan.groups.groups[g]]
-        outcome = await curate(group, playbook, llm, **kw)  # type: ignore[arg-type]
+        outcome = await curate(group, playbook, llm, **curate_kw)  # type: ignore[arg-type]
         return outcome.value or (), outcome.service_s
 
     tasks: dict[tuple[int, int], asyncio.Task[tuple[tuple[DeltaOp, ...], float]]] = {

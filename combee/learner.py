@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from combee.controller import BatchSizeController, ControllerDecision
+from combee.embeddings import NearDuplicates
 from combee.engine import Meter, Method, MethodConfig, Window, WindowResult, run_window
 from combee.errors import ConfigError, LLMParseError
 from combee.llm import LLM
@@ -114,6 +115,7 @@ async def learn(
     prompts: PromptSet = DEFAULT_PROMPTS,
     progress: ProgressFn | None = None,
     clock: Callable[[], float] = time.monotonic,
+    dedup: NearDuplicates | None = None,
 ) -> LearnResult:
     """Learn a playbook from ``traces`` (all of one namespace) with ``config``; returns the final state.
 
@@ -155,7 +157,7 @@ async def learn(
                 size = config.batch_size
             chunk = tuple(traces[i : i + size])
             window = Window(namespace, f"file:e{epoch}", i, i + len(chunk) - 1, chunk)
-            result = await run_window(window, current, llm, method, prompts=prompts, clock=clock)
+            result = await run_window(window, current, llm, method, prompts=prompts, clock=clock, dedup=dedup)
             current = result.playbook
             meter.absorb(result.meter)
             records.append(_record(result, epoch, len(chunk), trial))

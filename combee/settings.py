@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from combee.dedup import DEFAULT_THRESHOLD
 from combee.llm import DEFAULT_REASONING_MODELS, Role
 
 __all__ = ["Settings", "redact_url"]
@@ -65,6 +66,17 @@ class Settings(BaseSettings):
     max_fan_in: int = Field(default=12, ge=2)
     parse_attempts: int = Field(default=3, ge=1)
     token_budget: int = Field(default=24_000, ge=64)
+
+    # --- semantic de-duplication (docs/dedup.md) ---
+    # auto: an OpenAI-compatible /v1/embeddings endpoint when embeddings_url is set, else the local model
+    # (the `embeddings` extra); off, or the extra missing: exact match after normalisation only (logged).
+    embeddings: Literal["auto", "local", "endpoint", "off"] = "auto"
+    embeddings_url: str | None = None
+    embeddings_model: str = "all-MiniLM-L6-v2"
+    embeddings_api_key: SecretStr | None = None  # unset: openai_api_key
+    embeddings_threshold: float = Field(default=DEFAULT_THRESHOLD, gt=0, le=1)
+    embeddings_threads: int = Field(default=2, ge=1)  # CPU threads of the local model
+    embeddings_tokenizer: Path | None = None  # the local model's tokenizer.json; unset: where install puts it
 
     # --- streaming ---
     kafka_bootstrap: str = "127.0.0.1:9092"

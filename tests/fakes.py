@@ -79,3 +79,32 @@ def echo_script(request: ChatRequest) -> str:
     if request.role == Role.MERGER:
         return json.dumps({"keep": [p["id"] for p in block_lines(request, "proposals")], "combine": []})
     return json.dumps({"answer": "42"})
+
+
+@dataclass
+class GroupEmbedder:
+    """An embedder for tests: texts containing a phrase of group g share vector g; anything else gets its own.
+
+    ``groups`` lists phrases per group; vectors are one-hot, so a text is near exactly its group's others.
+    ``fail`` makes every call raise (an embeddings outage).
+    """
+
+    groups: list[list[str]]
+    fail: bool = False
+    calls: int = 0
+    texts: int = 0
+    name: str = "group-embedder (test)"
+
+    async def embed(self, texts: list[str] | tuple[str, ...]) -> list[tuple[float, ...]]:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("embeddings endpoint down")
+        self.texts += len(texts)
+        dim = len(self.groups) + 4096
+        out = []
+        for t in texts:
+            low = t.lower()
+            g = next((i for i, phrases in enumerate(self.groups) if any(p in low for p in phrases)), None)
+            k = g if g is not None else len(self.groups) + sum(map(ord, low)) * 31 % 4096
+            out.append(tuple(1.0 if i == k else 0.0 for i in range(dim)))
+        return out

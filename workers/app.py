@@ -78,6 +78,7 @@ def create_app(
     until_idle_s: float | None = None,
     faust_kwargs: dict[str, Any] | None = None,
     consumer_kwargs: dict[str, Any] | None = None,
+    dedup: Any = None,
 ) -> tuple[faust.App, Learner]:
     """Build the app and the shared learner context (nothing connects until the worker starts)."""
     roles = set(roles)
@@ -129,6 +130,7 @@ def create_app(
         config=config,
         io=io,
         llm=llm,
+        dedup=dedup,
         publisher=publisher,
         store=store,
         map_table=ChangelogTable(io, topics.mapstate, topics.partitions, _map_state_decode, _map_state_encode),

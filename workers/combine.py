@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from combee.engine import Meter, merge
+from combee.engine import Meter, fold_delta_ops, merge
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
 from combee.scan import ReadyNode, ReduceTracker
@@ -118,7 +118,7 @@ async def _merge(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, node: ReadyN
     try:
         outcome = await ctx.retrying(
             f"merge {w.window_id}/{node.level}.{node.index}",
-            lambda: merge(node.inputs, base, ctx.llm, meter=meter, attempts=attempts),
+            lambda: merge(node.inputs, base, ctx.llm, meter=meter, attempts=attempts, dedup=ctx.dedup),
         )
         ops = outcome.value or ()
         log.info("merge %s/%d.%d done", w.window_id, node.level, node.index)
@@ -181,6 +181,8 @@ async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[D
     assert plan is not None and rt.tenure is not None
     snap = snapshot_of(rt)
     current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
+    meter = Meter()
+    ops = await fold_delta_ops(ctx.dedup, ops, current, meter)  # logged folded: a replay needs no vectors
     delta = Delta(
         namespace=rt.namespace,
         window_id=w.window_id,
@@ -220,9 +222,10 @@ async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[D
         rt.controller.observe(plan.trace_count, time.monotonic() - closed)
     rt.latencies.append((record.applied_at - plan.closed_at, record.critical_path_s))
     log.info(
-        "applied %s as v%d: +%d ~%d -%d, %d bullets (%d deduplicated, %d evicted)",
+        "applied %s as v%d: +%d ~%d -%d, %d bullets (%d deduplicated, %d near duplicates folded in %.0f ms, "
+        "%d evicted)",
         w.window_id, playbook.version, stats.added, stats.updated, stats.removed, len(playbook.bullets),
-        stats.deduplicated, stats.evicted,
+        stats.deduplicated, meter.folded_ops, meter.dedup_s * 1000, stats.evicted,
     )  # fmt: skip
     async with rt.applied:
         rt.applied.notify_all()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from combee.controller import BatchSizeController
+from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
 from combee.llm import LLM
@@ -61,6 +62,7 @@ class Learner:
     store: Any  # streams.redis_store.RedisPromptStore
     map_table: ChangelogTable[MapState]
     snapshots: ChangelogTable[Snapshot]
+    dedup: NearDuplicates | None = None  # semantic de-duplication (None: exact match only)
     acks: OrderedAcks = field(default_factory=OrderedAcks)
     runtimes: dict[str, NamespaceRuntime] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)

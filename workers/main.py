@@ -27,7 +27,7 @@ def run_worker(
     Creates missing topics and the state directory (Faust's datadir is under it) first. Returns the process
     exit status.
     """
-    from combee.cli import build_llm, method_config
+    from combee.cli import build_llm, build_near_duplicates, method_config
     from streams.kafka_config import aiokafka_security_kwargs, ensure_topics
     from streams.keys import RedisKeys
     from streams.redis_store import LatestVersionPublisher, RedisPromptStore, build_redis
@@ -46,6 +46,7 @@ def run_worker(
         store=store,
         publisher=publisher,
         method=method or method_config(settings, "combee"),
+        dedup=build_near_duplicates(settings),
         until_idle_s=until_idle_s,
         faust_kwargs=_faust_security(settings),
         consumer_kwargs=aiokafka_security_kwargs(settings),
