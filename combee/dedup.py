@@ -72,7 +72,7 @@ def cosine(a: Vector, b: Vector) -> float:
 
 # --- the guard ------------------------------------------------------------------------------------------
 
-_NEGATIONS = frozenset(
+_NEGATIONS_WORDS = frozenset(
     {
         "not",
         "no",
@@ -150,12 +150,38 @@ _CONTRASTS: tuple[tuple[frozenset[str], ...], ...] = (
      _forms("week", "weekly"), _forms("day", "daily")),
     (_forms("thousand"), _forms("million"), _forms("billion")),
     (_forms("percent", "percentage", "%"), _forms("decimal", "fraction", "ratio")),
-    (_forms("stock", "balance"), _forms("flow")),
-    (_forms("average", "mean"), _forms("median")),
+    (_forms("stock"), _forms("flow")),
+    (_forms("cash"), _forms("sheet"), _forms("footnote")),  # which statement: cash flow, balance sheet, notes
+    (_forms("average", "mean"), _forms("median"), _forms("spot", "end", "closing")),
     (_forms("absolute"), _forms("relative")),
     (_forms("ascending"), _forms("descending")),
 )  # fmt: skip
 
+# Axes where a text naming both sides says which to prefer by the order it names them in ("use the restated
+# figure when both original and restated appear"): a swap of that order is another lesson. Elsewhere, naming
+# both sides in another order is just another sentence structure, not a contradiction.
+_ORDERED = frozenset(
+    axis
+    for axis in _CONTRASTS
+    if any(w in axis[0] for w in ("original", "basic", "gaap", "row", "opening", "first", "gross"))
+)
+
+
+_NEGATIONS = _NEGATIONS_WORDS | _forms("lack", "miss", "missing", "absent")
+_NEGATIVE_PREFIXES = ("un", "non", "in", "im", "ir", "il", "dis")
+
+# Words a rewording may swap one for another without changing the lesson (the substitution rule's allowlist).
+_SYNONYMS: tuple[frozenset[str], ...] = (
+    _forms("check", "verify", "confirm", "double", "re", "read", "reread", "recheck", "ensure", "make", "sure",
+           "review", "validate", "inspect", "examine", "look", "see"),
+    frozenset({"each", "every", "all", "any"}),
+    _forms("figure", "value", "number", "amount", "item", "entry"),
+    _forms("use", "take", "apply", "pick", "choose", "prefer"),
+    _forms("answer", "response", "reply", "result", "output"),
+    _forms("question", "task", "prompt", "request"),
+    _forms("compute", "calculate", "work", "derive", "determine"),
+    _forms("always", "first"),
+)  # fmt: skip
 
 _EXCLUSIONS = _forms("exclude", "omit", "ignore", "drop", "skip", "disregard", "leave")
 
@@ -197,31 +223,89 @@ def _first_uses(words: Sequence[str], axis: tuple[frozenset[str], ...]) -> tuple
     return tuple(order)
 
 
+def _negated(words: Sequence[str], other: set[str]) -> bool:
+    """A negation word, or a prefixed negative ("unaudited", "non-recurring") whose base the other text uses."""
+    if any(w in _NEGATIONS for w in words):
+        return True
+    stems = {_stem_base(w) for w in other}
+    for w in words:
+        for prefix in _NEGATIVE_PREFIXES:
+            base = w[len(prefix) :]
+            if w.startswith(prefix) and len(base) >= 4 and w not in other and _stem_base(base) in stems:
+                return True
+    return False
+
+
+def _stem_base(word: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+def _substitution(wa: Sequence[str], wb: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The differing middle spans of two word sequences that share everything else (None if they differ more).
+
+    "count only completed transactions" / "count only pending transactions" → (("completed",), ("pending",)).
+    """
+    i = 0
+    while i < min(len(wa), len(wb)) and wa[i] == wb[i]:
+        i += 1
+    j = 0
+    while j < min(len(wa), len(wb)) - i and wa[len(wa) - 1 - j] == wb[len(wb) - 1 - j]:
+        j += 1
+    da, db = tuple(wa[i : len(wa) - j]), tuple(wb[i : len(wb) - j])
+    if not da or not db or len(da) > 2 or len(db) > 2 or i + j < 2:
+        return None
+    return da, db
+
+
+def _interchangeable(da: Sequence[str], db: Sequence[str]) -> bool:
+    """Both spans are words of one synonym class (check/verify/confirm, each/every, figure/value, ...)."""
+    if numbers_in(da) and numbers_in(da) == numbers_in(db) and len(da) == len(db) == 1:
+        return True  # "two" / "2"
+    return any(
+        all(w in cls or w in _STOP_WORDS for w in da) and all(w in cls or w in _STOP_WORDS for w in db)
+        for cls in _SYNONYMS
+    )
+
+
 def conflict(a: str, b: str) -> str | None:
     """Why ``a`` and ``b`` must not be merged however similar they look (None when nothing contradicts).
 
-    Refuses a pair when exactly one of them is negated or speaks of leaving something out, when both state
-    numbers and the numbers differ, when a contrast marker ("not", "rather than", "unless", "since", ...)
-    is followed by different words in the two (the sides of a contrast swapped), or when they take different
-    sides of a contrast axis (include/exclude, opening/closing, final/every step, ...). Symmetric.
+    Refuses a pair when exactly one of them is negated (a negation word, or a negative prefix on a word the
+    other uses: "audited"/"unaudited"), or speaks of leaving something out; when both state numbers and the
+    numbers differ; when the two are the same sentence with one or two words swapped for others that are not
+    known synonyms ("only completed" / "only pending" — the shape of a one-fact change); when a contrast
+    marker ("not", "rather than", "unless", "since", ...) is followed by different words in the two and those
+    words changed sides; or when they take different sides of a contrast axis (include/exclude,
+    opening/closing, final/every step, ...). Symmetric.
     """
     wa, wb = words_of(a), words_of(b)
     sa, sb = set(wa), set(wb)
-    if bool(sa & _NEGATIONS) != bool(sb & _NEGATIONS):
+    if _negated(wa, sb) != _negated(wb, sa):
         return "negation"
     na, nb = numbers_in(wa), numbers_in(wb)
     if na and nb and na != nb:
         return "numbers"
     if bool(sa & _EXCLUSIONS) != bool(sb & _EXCLUSIONS):
         return "exclusion"
+    sub = _substitution(wa, wb)
+    if sub is not None and not _interchangeable(*sub):
+        return "substitution:" + " ".join(sub[0]) + "/" + " ".join(sub[1])
+    scopes_b = _scopes(b)
     for marker, scope in _scopes(a).items():
-        other = _scopes(b).get(marker)
-        if other is not None and scope and other and len(scope & other) < 0.5 * min(len(scope), len(other)):
+        other = scopes_b.get(marker)
+        if other is None or not scope or not other or scope == other:
+            continue
+        moved = (scope - other) & {_stem(w) for w in wb} or (other - scope) & {_stem(w) for w in wa}
+        if moved or len(scope & other) < 0.5 * min(len(scope), len(other)):
             return f"scope:{marker}"
     for axis in _CONTRASTS:
         ca = frozenset(i for i, cls in enumerate(axis) if sa & cls)
         cb = frozenset(i for i, cls in enumerate(axis) if sb & cls)
-        if ca and cb and (ca != cb or (len(ca) > 1 and _first_uses(wa, axis) != _first_uses(wb, axis))):
+        swapped = len(ca) > 1 and axis in _ORDERED and _first_uses(wa, axis) != _first_uses(wb, axis)
+        if ca and cb and (ca != cb or swapped):
             return "contrast:" + "/".join(min(axis[i], key=lambda w: (len(w), w)) for i in sorted(ca | cb))
     return None
 

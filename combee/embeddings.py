@@ -56,13 +56,17 @@ class NearDuplicates:
 
     async def similarity(self, texts: Sequence[str]) -> Similarity:
         """The rule over vectors of ``texts`` (computed for the ones not cached yet)."""
-        keys = list(dict.fromkeys(normalise_text(t) for t in texts if t))
+        originals: dict[str, str] = {}  # normalised key -> the first text seen with it (what gets embedded)
+        for t in texts:
+            if t:
+                originals.setdefault(normalise_text(t), t)
+        keys = list(originals)
         missing = [k for k in keys if k not in self._cache]
         for i in range(0, len(missing), self.batch):
             chunk = missing[i : i + self.batch]
             started = time.perf_counter()
             try:
-                vectors = await self.embedder.embed(chunk)
+                vectors = await self.embedder.embed([originals[k] for k in chunk])
                 if len(vectors) != len(chunk):
                     raise ValueError(f"{len(vectors)} vectors for {len(chunk)} texts")
             except Exception as exc:  # an outage degrades to the exact rule for these texts, never stops learning

@@ -3,6 +3,8 @@
 Routes (one port):
 
 * ``GET /v1/models``, ``GET /v1/models/{id}`` — the configured model names (any name is accepted in requests).
+* ``POST /v1/embeddings`` — SIMULATED vectors (:mod:`combee.sim.embeddings`): rewordings of one insight close
+  together, different insights apart; no latency model, no faults.
 * ``POST /v1/chat/completions`` — OpenAI wire format, incl. ``stream`` (SSE, usage in a final chunk when
   ``stream_options.include_usage``), tools and ``response_format``; ``n`` > 1 is rejected with 400.
 * ``GET /admin/config``, ``GET|POST /admin/faults``, ``GET /admin/stats``, ``POST /admin/stats/reset`` — for
@@ -56,6 +58,7 @@ from typing import Any
 from aiohttp import web
 
 from combee.sim.config import SimConfig
+from combee.sim.embeddings import embeddings_route
 from combee.sim.faults import FaultKind, draw_fault, fault_rng, malform, retry_after_headers
 from combee.sim.generic import (
     Answer,
@@ -594,6 +597,7 @@ def build_app(config: SimConfig, responder: Responder | None = None) -> web.Appl
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings_route)  # SIMULATED vectors: combee/sim/embeddings.py
     app.router.add_get("/admin/config", _admin_config)
     app.router.add_get("/admin/faults", _admin_faults_get)
     app.router.add_post("/admin/faults", _admin_faults_post)

@@ -21,7 +21,8 @@ from combee.models import AddOp, Bullet, Delta, Playbook, Provenance, RemoveOp, 
 from combee.playbook import ApplyPolicy, apply_delta, normalise_text
 from combee.wording import more_specific
 
-PAIRS = [json.loads(line) for line in (Path(__file__).parent / "fixtures/dedup/pairs.jsonl").open()]
+FIXTURES = Path(__file__).parent / "fixtures/dedup"
+PAIRS = [json.loads(line) for name in ("pairs.jsonl", "heldout.jsonl") for line in (FIXTURES / name).open()]
 PROV = Provenance(window_id="w0", version=1)
 
 
@@ -44,7 +45,7 @@ def similarity(groups: list[list[str]], threshold: float = DEFAULT_THRESHOLD) ->
 
 def test_the_guard_refuses_every_hard_negative_of_the_labelled_set_whatever_the_cosine() -> None:
     hard = [p for p in PAIRS if p["kind"] == "hard_negative"]
-    assert len(hard) >= 40
+    assert len(hard) >= 55
     missed = [(p["a"], p["b"]) for p in hard if conflict(p["a"], p["b"]) is None]
     assert missed == []
     # ... so even identical vectors cannot merge them
@@ -71,6 +72,10 @@ def test_guard_examples() -> None:
     assert conflict("Use the filing date, not the fiscal-year end.", "Use the fiscal-year end, not the filing date.")
     assert conflict("Retry the call.", "Do not retry the call.") == "negation"
     assert conflict("Confirm the sign of each value.", "Re-read the sign of each value.") is None
+    assert conflict("Prefer the audited table.", "Prefer the unaudited table.") == "negation"
+    assert conflict("Count only completed orders.", "Count only pending orders.") == "substitution:completed/pending"
+    assert conflict("Verify the units of every figure.", "Confirm the units of every figure.") is None
+    assert conflict("Use operating income, not net income.", "Use net income, not operating income.") == "scope:not"
     # rule keys of the simulator are numbers: two different rules never merge
     assert conflict("Exclude one-off items (rule FX-0042).", "Exclude one-off items (rule FX-0017).") == "numbers"
 

@@ -15,7 +15,10 @@ from combee.dedup import DEFAULT_THRESHOLD, Similarity
 from combee.embed_local import MiniLMEmbedder, local_embedder_missing
 from combee.playbook import normalise_text
 
-PAIRS = [json.loads(line) for line in (Path(__file__).parent / "fixtures/dedup/pairs.jsonl").open()]
+FIXTURES = Path(__file__).parent / "fixtures/dedup"
+# pairs.jsonl: the calibration set; heldout.jsonl: written after the guard was first tuned, to test it (it
+# then exposed four misses that the guard was extended for — see docs/dedup.md), so both now calibrate.
+PAIRS = [json.loads(line) for name in ("pairs.jsonl", "heldout.jsonl") for line in (FIXTURES / name).open()]
 
 missing = local_embedder_missing()
 pytestmark = pytest.mark.skipif(missing is not None, reason=f"local embedder unavailable: {missing}")
@@ -39,7 +42,7 @@ def test_precision_recall_at_the_default_threshold_and_no_hard_negative_merged(s
           f"({len(same)} paraphrases, {len(PAIRS) - len(same)} negatives of which {len(hard)} hard)")  # fmt: skip
     assert not merged & set(hard)
     assert precision == 1.0
-    assert recall >= 0.75
+    assert recall >= 0.8
 
 
 def test_cosine_alone_cannot_separate_hard_negatives(sim: Similarity) -> None:
