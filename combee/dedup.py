@@ -30,6 +30,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from operator import mul
 
 from combee.models import AddOp, Bullet, DeltaOp, RemoveOp, UpdateOp
@@ -270,6 +271,7 @@ def _interchangeable(da: Sequence[str], db: Sequence[str]) -> bool:
     )
 
 
+@lru_cache(maxsize=65_536)
 def conflict(a: str, b: str) -> str | None:
     """Why ``a`` and ``b`` must not be merged however similar they look (None when nothing contradicts).
 
@@ -312,6 +314,8 @@ def conflict(a: str, b: str) -> str | None:
 
 # --- the rule over vectors ------------------------------------------------------------------------------
 
+_key = lru_cache(maxsize=65_536)(normalise_text)
+
 
 @dataclass(frozen=True)
 class Similarity:
@@ -330,7 +334,7 @@ class Similarity:
 
     def score(self, a: str, b: str) -> float | None:
         """Cosine of two texts' vectors (1.0 for equal normalised texts; None when a vector is missing)."""
-        ka, kb = normalise_text(a), normalise_text(b)
+        ka, kb = _key(a), _key(b)
         if ka == kb:
             return 1.0
         va, vb = self.vectors.get(ka), self.vectors.get(kb)
@@ -340,7 +344,7 @@ class Similarity:
 
     def near(self, a: str, b: str) -> bool:
         """True when ``a`` and ``b`` say the same thing (symmetric)."""
-        if normalise_text(a) == normalise_text(b):
+        if _key(a) == _key(b):
             return True
         s = self.score(a, b)
         return s is not None and s >= self.threshold and conflict(a, b) is None
@@ -348,16 +352,26 @@ class Similarity:
     def best_match(self, text: str, candidates: Sequence[tuple[str, str]]) -> str | None:
         """The key of the candidate ``(key, text)`` nearest to ``text`` among its near duplicates, if any.
 
-        Highest cosine wins; ties go to the earlier candidate.
+        Highest cosine wins (an exact match counts as 1.0); ties go to the earlier candidate. Same decisions
+        as :meth:`near`, with the guard consulted only above the threshold.
         """
-        best: tuple[float, int] | None = None
+        ka = _key(text)
+        va = self.vectors.get(ka)
+        best = -1.0
         found: str | None = None
-        for i, (key, other) in enumerate(candidates):
-            if not self.near(text, other):
-                continue
-            s = self.score(text, other) or 0.0
-            if best is None or (s, -i) > best:
-                best, found = (s, -i), key
+        for key, other in candidates:
+            kb = _key(other)
+            if ka == kb:
+                s = 1.0
+            else:
+                vb = self.vectors.get(kb)
+                if va is None or vb is None:
+                    continue
+                s = cosine(va, vb)
+                if s < self.threshold or s <= best or conflict(text, other) is not None:
+                    continue
+            if s > best:
+                best, found = s, key
         return found
 
 

@@ -86,6 +86,7 @@ def _facets(text: str) -> list[tuple[float, tuple[str, ...]]]:
     return [(1.0, ("text", normalise_text(text))), (0.3, ("domain",))]
 
 
+@lru_cache(maxsize=65_536)
 def sim_vector(text: str, seed: int = 0) -> Vector:
     """The simulated embedding of ``text`` (unit length, :data:`DIM` dimensions)."""
     key = normalise_text(text)
