@@ -174,7 +174,7 @@ _NEGATIVE_PREFIXES = ("un", "non", "in", "im", "ir", "il", "dis")
 # Words a rewording may swap one for another without changing the lesson (the substitution rule's allowlist).
 _SYNONYMS: tuple[frozenset[str], ...] = (
     _forms("check", "verify", "confirm", "double", "re", "read", "reread", "recheck", "ensure", "make", "sure",
-           "review", "validate", "inspect", "examine", "look", "see"),
+           "review", "validate", "inspect", "examine", "look", "see", "always", "again", "once", "more", "carefully"),
     frozenset({"each", "every", "all", "any"}),
     _forms("figure", "value", "number", "amount", "item", "entry"),
     _forms("use", "take", "apply", "pick", "choose", "prefer"),
