@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from combee.errors import CombeeError, ConfigError, LLMRateLimited, LLMUnavailable
+from combee.playbook import ApplyStats
 
 __all__ = ["main"]
 
@@ -321,16 +324,23 @@ def metrics_document(result: Any, *, method: str, settings: Any, extra: dict[str
                 "wall_s": round(it.wall_s, 4),
                 "critical_path_s": round(it.critical_path_s, 4),
                 "playbook_entries": it.playbook_entries,
+                "applied": _counted(it.applied),
                 "trial": it.trial,
             }
             for it in result.iterations
         ],
+        "applied": _counted(functools.reduce(ApplyStats.merge, (it.applied for it in result.iterations), ApplyStats())),
     }
     if result.decision is not None:
         doc["controller"] = result.decision.as_dict()
     if extra:
         doc.update(extra)
     return doc
+
+
+def _counted(stats: ApplyStats) -> dict[str, int]:
+    """The non-zero counts of an application (an op the playbook did not keep shows here: deduplicated, evicted)."""
+    return {k: v for k, v in dataclasses.asdict(stats).items() if v}
 
 
 def _display(url: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,11 @@ __all__ = [
 
 T = TypeVar("T")
 V = TypeVar("V")
+
+log = logging.getLogger(__name__)
+
+REJECTED_ECHO_CHARS = 400
+"""How much of a rejected answer the warning log shows (enough to see prose, a fence or a cut-off object)."""
 
 
 class Method(enum.StrEnum):
@@ -250,6 +256,16 @@ async def _call_parsed(
             parsed = ask.parse(response.text)
         except LLMParseError as exc:
             meter.parse_failure(role, exc.kind)
+            log.warning(
+                "%s answer rejected (attempt %d of %d, %s, finish_reason=%s): %s; the answer began %r",
+                role.value,
+                attempt + 1,
+                attempts,
+                exc.kind,
+                response.finish_reason,
+                exc,
+                response.text[:REJECTED_ECHO_CHARS],
+            )
             if attempt + 1 < attempts:
                 temperature = temperatures[min(attempt + 1, len(temperatures) - 1)]
                 problem = _problem(exc, response, request.max_tokens)

@@ -17,7 +17,7 @@ from combee.engine import Meter, Method, MethodConfig, Window, WindowResult, run
 from combee.errors import ConfigError, LLMParseError
 from combee.llm import LLM
 from combee.models import Playbook, Trace
-from combee.playbook import playbook_tokens
+from combee.playbook import ApplyStats, playbook_tokens
 from combee.prompts import DEFAULT_PROMPTS, PromptSet, generator_request, parse_answer
 
 __all__ = [
@@ -65,6 +65,7 @@ class IterationRecord:
     playbook_version: int
     playbook_entries: int
     trial: bool = False
+    applied: ApplyStats = field(default_factory=ApplyStats)  # what applying the delta did (added, deduplicated, ...)
 
 
 @dataclass
@@ -103,6 +104,7 @@ def _record(result: WindowResult, epoch: int, size: int, trial: bool) -> Iterati
         playbook_version=result.playbook.version,
         playbook_entries=len(result.playbook.bullets),
         trial=trial,
+        applied=result.apply_stats,
     )
 
 

@@ -55,6 +55,11 @@ def test_learn_writes_outputs_and_call_counts_match_the_plan(sim: SimThread, tra
     assert [(p["reflections"], p["group_calls"], p["merge_calls"]) for p in m["per_iteration"]] == [(20, 4, 1)] * 3
     assert m["roles"]["reflector"]["calls"] == 60 and m["roles"]["curator"]["calls"] == 12
     assert m["llm_calls"] == 60 + 12 + 3
+    # what applying each delta did is reported: a bullet added and then deduplicated or evicted shows up there
+    applied = m["applied"]
+    assert applied["added"] == sum(p["applied"].get("added", 0) for p in m["per_iteration"]) > 0
+    kept = applied["added"] - applied.get("removed", 0) - applied.get("deduplicated", 0) - applied.get("evicted", 0)
+    assert kept == m["playbook_entries"]
     assert m["eval"]["total"] == 20
     assert (out / "prompt.md").read_text().startswith("# Playbook · version 3")
     assert json.loads((out / "playbook.json").read_text())["version"] == 3
