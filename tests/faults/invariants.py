@@ -39,6 +39,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from combee.cli import build_near_duplicates
 from combee.engine import MethodConfig, Window, run_window
 from combee.models import Playbook
 from combee.playbook import ApplyPolicy, apply_delta, render_prompt
@@ -420,6 +421,9 @@ def _fault_free_same_windows(obs: Observed, ns: str, seed: int) -> Playbook:
     )
     sim = InProcessSim(WorldResponder(Behaviour(seed=seed)), seed=seed)
     llm = _WorkersContext(sim, Settings.model_fields["llm_context_tokens"].default)
+    # the workers fold near-duplicate ADDs before logging a delta (semantic de-duplication, on by default
+    # where the embeddings extra is installed); the replay must de-duplicate the same way
+    dedup = build_near_duplicates(Settings(), log=lambda _: None)
 
     async def replay() -> Playbook:
         pb = Playbook(namespace=ns)
@@ -433,7 +437,7 @@ def _fault_free_same_windows(obs: Observed, ns: str, seed: int) -> Playbook:
                 key, value = obs.traces[(p, o)]
                 traces.append(decode_trace(value, key))
             window = Window(ns, r.source, r.offsets[0], r.offsets[-1], tuple(traces), seed_key=r.seed_key)
-            pb = (await run_window(window, pb, llm, MethodConfig())).playbook
+            pb = (await run_window(window, pb, llm, MethodConfig(), dedup=dedup)).playbook
         return pb
 
     return asyncio.run(replay())
