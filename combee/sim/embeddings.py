@@ -47,7 +47,7 @@ from combee.sim.world import (
 )
 from combee.tokens import estimate_tokens
 
-__all__ = ["DIM", "MODEL", "SimEmbedder", "embeddings_route", "sim_vector"]
+__all__ = ["DIM", "MODEL", "SimEmbedder", "embeddings_answer", "sim_vector"]
 
 DIM = 384
 MODEL = "combee-sim-embed"
@@ -113,42 +113,34 @@ class SimEmbedder:
         return [sim_vector(t, self.seed) for t in texts]
 
 
-async def embeddings_route(request: Any) -> Any:
-    """``POST /v1/embeddings`` (OpenAI wire format; ``encoding_format`` float or base64)."""
-    from aiohttp import web
+def embeddings_answer(body: object, seed: int) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of ``POST /v1/embeddings`` for a request ``body`` (OpenAI wire format;
+    ``encoding_format`` float or base64). The HTTP route lives in :mod:`combee.sim.server`."""
 
-    from combee.sim.server import STATE_KEY
+    def error(message: str) -> tuple[int, dict[str, Any]]:
+        return 400, {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
 
-    def error(message: str) -> web.Response:
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
-        return web.json_response(body, status=400, headers={"x-combee-simulated": "true"})
-
-    try:
-        body = await request.json()
-    except ValueError:
-        return error("the body is not JSON")
     texts = body.get("input") if isinstance(body, dict) else None
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         return error("'input' must be a string or a non-empty list of strings (token arrays are not supported)")
+    assert isinstance(body, dict)
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         return error("'encoding_format' must be 'float' or 'base64'")
-    seed = request.app[STATE_KEY].config.seed
     data = []
     for i, text in enumerate(texts):
         v = sim_vector(text, seed)
         emb: Any = base64.b64encode(struct.pack(f"<{DIM}f", *v)).decode() if encoding == "base64" else list(v)
         data.append({"object": "embedding", "index": i, "embedding": emb})
     tokens = sum(estimate_tokens(t) for t in texts)
-    payload = {
+    return 200, {
         "object": "list",
         "data": data,
         "model": body.get("model") or MODEL,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    return web.json_response(payload, headers={"x-combee-simulated": "true"})
 
 
 def _figures(seed: int = 0) -> dict[str, float]:

@@ -58,7 +58,7 @@ from typing import Any
 from aiohttp import web
 
 from combee.sim.config import SimConfig
-from combee.sim.embeddings import embeddings_route
+from combee.sim.embeddings import embeddings_answer
 from combee.sim.faults import FaultKind, draw_fault, fault_rng, malform, retry_after_headers
 from combee.sim.generic import (
     Answer,
@@ -541,6 +541,16 @@ def _model_card(name: str) -> dict[str, Any]:
     }
 
 
+async def _embeddings(request: web.Request) -> web.Response:
+    """``POST /v1/embeddings``: SIMULATED vectors (:mod:`combee.sim.embeddings`)."""
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        return _error(400, "the body is not JSON", "invalid_request_error")
+    status, payload = embeddings_answer(body, request.app[STATE_KEY].config.seed)
+    return _json_response(status, payload)
+
+
 async def _models(request: web.Request) -> web.Response:
     models = request.app[STATE_KEY].config.models
     return _json_response(200, {"object": "list", "data": [_model_card(m) for m in models]})
@@ -597,7 +607,7 @@ def build_app(config: SimConfig, responder: Responder | None = None) -> web.Appl
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_post("/v1/chat/completions", _chat_completions)
-    app.router.add_post("/v1/embeddings", embeddings_route)  # SIMULATED vectors: combee/sim/embeddings.py
+    app.router.add_post("/v1/embeddings", _embeddings)  # SIMULATED vectors: combee/sim/embeddings.py
     app.router.add_get("/admin/config", _admin_config)
     app.router.add_get("/admin/faults", _admin_faults_get)
     app.router.add_post("/admin/faults", _admin_faults_post)
