@@ -23,10 +23,13 @@ One completion, in order:
 3. Faults (:mod:`combee.sim.faults`) are drawn from a separate rng that also mixes in a request counter.
    500, 429 and timeout faults are served without taking a concurrency slot (a front-end failure). The
    timeout hang and the Retry-After hint are multiplied by ``time_scale`` like every simulated delay.
-4. Content: ``responder.respond(request, rng)``; if it returns None (or there is no responder), a generic
-   answer (:mod:`combee.sim.generic`). A responder that raises gets a 500 with the exception text (and a
-   log line) — a world-model bug should be loud. Then the malformed-content fault, then ``max_tokens``
-   truncation (``finish_reason="length"``; truncated JSON stays broken).
+4. Content: ``responder.respond(request, rng)``, kept only if it honours the request's contract
+   (:func:`combee.sim.generic.within_contract`: a forced tool call gets a tool call, ``response_format`` gets
+   JSON fitting its schema); if it returns None, breaks the contract (counted as ``contract_over_world`` in
+   ``answered_by``) or there is no responder, a generic answer (:mod:`combee.sim.generic`). A responder
+   that raises gets a 500 with the exception text (and a log line) — a world-model bug should be loud. Then
+   the malformed-content fault, then ``max_tokens`` truncation
+   (``finish_reason="length"``; truncated JSON stays broken).
 5. Usage: ``prompt_tokens`` = Σ over messages of (``estimate_tokens`` of its text — content string or text
    parts, plus tool-call names and arguments — + :data:`PER_MESSAGE_TOKENS`), as :mod:`combee.sim.inproc`;
    ``completion_tokens`` = ``estimate_tokens`` of the content or of the tool calls' arguments.
@@ -63,7 +66,7 @@ from combee.sim.generic import (
     generic_answer,
     requested_schema,
     truncate_answer,
-    wants_json,
+    within_contract,
 )
 from combee.sim.latency import ServiceTime, service_breakdown
 from combee.sim.protocol import Responder, SimRequest
@@ -418,8 +421,12 @@ class _Completion:
             text = responder.respond(request, rng)
             self.state.responder_s += time.perf_counter() - began
             if text is not None:
-                fmt = request.response_format
-                return Answer(content=text, schema=requested_schema(fmt), is_json=wants_json(fmt), source="responder")
+                answer = within_contract(request, text, rng)
+                if answer is not None:
+                    return answer
+                # The world model recognised the prompt but its answer breaks what the request demands (a
+                # forced tool call, another client's schema): the contract wins, as a constrained model's would.
+                self.state.answered_by["contract_over_world"] += 1
         return generic_answer(request, rng)
 
     async def _fault_response(self, fault: FaultKind) -> web.Response:
