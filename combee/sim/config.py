@@ -61,6 +61,11 @@ class SimConfig(BaseModel):
 
     models: tuple[str, ...] = ("combee-sim",)
 
+    # The world model's one knob a benchmark varies per run (combee.sim.world.Behaviour): a merge call shown m
+    # proposals writes at most merge_capacity_factor · K(m), K being the curator's capacity law. 1 = a merge
+    # overloads exactly like a curator call; None = unlimited (no overload in merges).
+    merge_capacity_factor: float | None = Field(default=1.0, gt=0.0)
+
     @model_validator(mode="after")
     def _rates_are_a_distribution(self) -> SimConfig:
         total = self.fault_rate_total

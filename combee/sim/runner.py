@@ -72,7 +72,7 @@ class NullResponder:
 def _combee_world(config: SimConfig) -> Responder:
     from combee.sim.world import Behaviour, WorldResponder
 
-    return WorldResponder(Behaviour(seed=config.seed))
+    return WorldResponder(Behaviour(seed=config.seed, merge_capacity_factor=config.merge_capacity_factor))
 
 
 RESPONDERS: dict[str, Callable[[SimConfig], Responder]] = {
