@@ -109,6 +109,7 @@ class RoleStats:
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
     cached: int = 0
     parse_failures: int = 0
     max_prompt_tokens: int = 0
@@ -123,6 +124,7 @@ class RoleStats:
         self.calls += other.calls
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.cached_prompt_tokens += other.cached_prompt_tokens
         self.cached += other.cached
         self.parse_failures += other.parse_failures
         self.max_prompt_tokens = max(self.max_prompt_tokens, other.max_prompt_tokens)
@@ -155,6 +157,7 @@ class Meter:
         s.calls += 1
         s.prompt_tokens += response.usage.prompt_tokens
         s.completion_tokens += response.usage.completion_tokens
+        s.cached_prompt_tokens += response.usage.cached_prompt_tokens
         s.max_prompt_tokens = max(s.max_prompt_tokens, response.usage.prompt_tokens)
         s.cached += int(response.cached)
         if not response.cached:
@@ -190,6 +193,7 @@ class Meter:
         return Usage(
             prompt_tokens=sum(s.prompt_tokens for s in self.roles.values()),
             completion_tokens=sum(s.completion_tokens for s in self.roles.values()),
+            cached_prompt_tokens=sum(s.cached_prompt_tokens for s in self.roles.values()),
         )
 
 
