@@ -36,6 +36,18 @@ def _methods(text: str) -> tuple[str, ...]:
     return values
 
 
+def _factors(text: str) -> tuple[float | None, ...]:
+    from combee.bench.spec import parse_factor
+
+    try:
+        values = tuple(parse_factor(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct factors like 1,2,4,unlimited, got {text!r}")
+    return values
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -74,6 +86,19 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--scale-seeds", type=_ints, help="seeds of the --scale runs (default 1)")
     g.add_argument("--scale-time-scale", type=_non_negative, help="time scale of the --scale runs (own simulator)")
     s = p.add_argument_group("simulator and machine")
+    from combee.sim.serving import PROFILE_NAMES
+
+    s.add_argument(
+        "--profile",
+        choices=PROFILE_NAMES,
+        help=f"serving profile of the simulator, recorded in results.json (default {d.profile}; docs/simulator.md)",
+    )
+    s.add_argument(
+        "--merge-factors",
+        type=_factors,
+        help="merge capacity factors to compare, e.g. 1,2,4,unlimited (default 1: a merge overloads like a "
+        "curator call); Combee runs once per factor, sequential and naive once",
+    )
     s.add_argument("--time-scale", type=_non_negative, help=f"simulator delay multiplier (default {d.time_scale})")
     s.add_argument("--base-url", help="use a running Combee simulator (its time_scale is read from it)")
     s.add_argument("--world", help=f"simulated world (default {d.world})")
@@ -107,6 +132,8 @@ def build_config(args: argparse.Namespace) -> Any:
         "scale_seeds": "scale_seeds",
         "scale_time_scale": "scale_time_scale",
         "time_scale": "time_scale",
+        "profile": "profile",
+        "merge_factors": "merge_factors",
         "base_url": "base_url",
         "world": "world",
         "test_n": "test_n",
