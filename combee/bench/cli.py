@@ -48,6 +48,15 @@ def _factors(text: str) -> tuple[float | None, ...]:
     return values
 
 
+def _shapes(text: str) -> tuple[str, ...]:
+    from combee.engine import SHUFFLE_KEYS
+
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not values or set(values) - set(SHUFFLE_KEYS) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"shapes are among {', '.join(SHUFFLE_KEYS)}, got {text!r}")
+    return values
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -94,6 +103,12 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help=f"serving profile of the simulator, recorded in results.json (default {d.profile}; docs/simulator.md)",
     )
     s.add_argument(
+        "--shapes",
+        type=_shapes,
+        help="reduce shapes of the Combee runs: none (the paper's), section (keyed shuffle by section, merges "
+        "within a section), section-union (keyed, no merge call); default none",
+    )
+    s.add_argument(
         "--merge-factors",
         type=_factors,
         help="merge capacity factors to compare, e.g. 1,2,4,unlimited (default 1: a merge overloads like a "
@@ -134,6 +149,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "time_scale": "time_scale",
         "profile": "profile",
         "merge_factors": "merge_factors",
+        "shapes": "shuffle_keys",
         "base_url": "base_url",
         "world": "world",
         "test_n": "test_n",

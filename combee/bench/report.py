@@ -56,6 +56,7 @@ SPEC_FIELDS = (
     "max_group_items",
     "max_fan_in",
     "merge_factor",
+    "shuffle_key",
 )
 
 
@@ -127,7 +128,7 @@ def _select(runs: Sequence[Run], **where: Any) -> list[Run]:
 def _default_knobs(run: Run) -> bool:
     # issue 3's checks are judged under the honest merge law (factor 1: a merge overloads like a curator call)
     knobs = run.get("p") == 2 and run.get("group_factor") == 1.0 and run.get("max_group_items") == 24
-    return knobs and run.get("merge_factor", 1.0) == 1.0
+    return knobs and run.get("merge_factor", 1.0) == 1.0 and run.get("shuffle_key", "none") == "none"
 
 
 def _sequential(runs: Sequence[Run], n: int) -> dict[int, Run]:
@@ -444,6 +445,8 @@ def _label(row: Mapping[str, Any]) -> str:
         extra.append(f"k={row['group_factor']:g}·√n")
     if row["max_group_items"] not in (24, None) and row["group_factor"] == 1.0:
         extra.append("no group bound")
+    if row["method"] == "combee" and row.get("shuffle_key", "none") != "none":
+        extra.append(f"shape {row['shuffle_key']}")
     if row["method"] == "combee" and row.get("merge_factor", 1.0) != 1.0:
         factor = row.get("merge_factor")
         extra.append(f"merge factor {'unlimited' if factor is None else f'{factor:g}'}")
@@ -501,13 +504,13 @@ def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     configs = sorted(
         {
-            (r.get("merge_factor", 1.0), r["batch_size"], r["n_traces"])
+            (r.get("merge_factor", 1.0), r.get("shuffle_key", "none"), r["batch_size"], r["n_traces"])
             for r in ok
             if r["method"] == "combee" and isinstance(r["batch_size"], int) and r["kind"] == "sweep"
         },
-        key=lambda c: (math.inf if c[0] is None else c[0], c[1], c[2]),
+        key=lambda c: (math.inf if c[0] is None else c[0], c[1], c[2], c[3]),
     )
-    for factor, batch, n in configs:
+    for factor, shape, batch, n in configs:
         seq = _sequential(ok, n)
         comb: dict[int, Run] = {
             r["seed"]: r
@@ -516,6 +519,7 @@ def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
             and r["batch_size"] == batch
             and r["n_traces"] == n
             and r.get("merge_factor", 1.0) == factor
+            and r.get("shuffle_key", "none") == shape
             and r["kind"] == "sweep"
         }
         if not comb:
@@ -532,6 +536,7 @@ def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "merge_factor": factor,
+                "shape": shape,
                 "batch_size": batch,
                 "n_traces": n,
                 "seeds": sorted(comb),
@@ -561,14 +566,14 @@ def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
 
 def _factor_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     out = [
-        "| merge factor | batch | speed-up (wall) | speed-up (critical path) | retention (seq) | retention / seq "
-        "| tokens / seq | cached share (seq) | wall / critical path (seq) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| merge factor | shape | batch | speed-up (wall) | speed-up (critical path) | retention (seq) "
+        "| retention / seq | tokens / seq | cached share (seq) | wall / critical path (seq) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         factor = "unlimited" if row["merge_factor"] is None else f"{row['merge_factor']:g}"
         out.append(
-            f"| {factor} | {row['batch_size']} | {_fmt(row['speedup_wall'])}× | "
+            f"| {factor} | {row.get('shape', 'none')} | {row['batch_size']} | {_fmt(row['speedup_wall'])}× | "
             f"{_fmt(row['speedup_critical_path'])}× | {_fmt(row['retention'], '{:.3f}')} "
             f"({_fmt(row['sequential_retention'], '{:.3f}')}) | {_fmt(row['retention_vs_sequential'], '{:.2f}')} | "
             f"{_fmt(row['tokens_vs_sequential'], '{:.2f}')} | {_fmt(row['cached_share'], '{:.2f}')} "

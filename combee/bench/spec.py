@@ -74,6 +74,7 @@ class RunSpec:
     # The simulator's merge law for this run (a merge of m proposals keeps ≤ factor·K(m); None: unlimited).
     # Only Combee sends merge calls, so sequential and naive runs are planned once, at the first factor.
     merge_factor: float | None = 1.0
+    shuffle_key: str = "none"  # the reduce's shape (combee.engine.SHUFFLE_KEYS): "none" is the paper's
 
     @property
     def key(self) -> str:
@@ -85,6 +86,8 @@ class RunSpec:
                 parts.append(f"m{self.max_group_items}")
             if self.max_fan_in != 12:
                 parts.append(f"f{self.max_fan_in}")
+            if self.shuffle_key != "none":
+                parts.append(f"k{self.shuffle_key}")
             if self.merge_factor != 1.0:
                 parts.append(f"mf{factor_label(self.merge_factor)}")
         parts += [f"s{self.seed}", f"n{self.n_traces}"]
@@ -134,6 +137,7 @@ class BenchConfig:
     # training run gets a simulator of its own with that profile and factor, so runs never share a server.
     profile: str = "gpu"
     merge_factors: tuple[float | None, ...] = (1.0,)
+    shuffle_keys: tuple[str, ...] = ("none",)  # reduce shapes of the Combee runs at fixed batch sizes
     base_url: str | None = None
     world: str = "formula"
     test_n: int = 400
@@ -166,6 +170,10 @@ class BenchConfig:
             raise ValueError(f"unknown serving profile {self.profile!r} (choose among {', '.join(PROFILES)})")
         if not self.merge_factors or len(set(self.merge_factors)) != len(self.merge_factors):
             raise ValueError("merge factors must be distinct, and at least one")
+        from combee.engine import SHUFFLE_KEYS
+
+        if not self.shuffle_keys or set(self.shuffle_keys) - set(SHUFFLE_KEYS):
+            raise ValueError(f"reduce shapes are among {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_keys}")
 
 
 QUICK = {"n_traces": 100, "seeds": (1,), "batch_sizes": (1, 25), "auto": False, "time_scale": 0.02, "test_n": 100}
@@ -181,7 +189,7 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
     """Every run of ``config``, in a stable order (sweep, ablations, scale; by seed within each)."""
     runs: list[RunSpec] = []
     n = config.n_traces
-    first, *others = config.merge_factors
+    first = config.merge_factors[0]
     if config.sweep:
         for seed in config.seeds:
             runs.append(RunSpec("sequential", 1, seed, n, merge_factor=first))
@@ -191,12 +199,14 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
                         runs.append(RunSpec(method, b, seed, n, merge_factor=first))  # type: ignore[arg-type]
             if config.auto and "combee" in config.methods:
                 runs.append(RunSpec("combee", "auto", seed, n, merge_factor=first))
-            # the other merge laws: only Combee's runs depend on them (the others send no merge call)
-            for factor in others:
-                if "combee" in config.methods:
+            # the other merge laws and reduce shapes: only Combee's runs depend on them
+            for factor in config.merge_factors:
+                for shape in config.shuffle_keys:
+                    if "combee" not in config.methods or (factor == first and shape == "none"):
+                        continue
                     for b in config.batch_sizes:
                         if b > 1:
-                            runs.append(RunSpec("combee", b, seed, n, merge_factor=factor))
+                            runs.append(RunSpec("combee", b, seed, n, merge_factor=factor, shuffle_key=shape))
     if config.ablations:
         b = config.ablation_batch
         for seed in config.seeds:

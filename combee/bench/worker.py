@@ -116,6 +116,7 @@ def method_config(spec: RunSpec) -> MethodConfig:
         max_group_items=spec.max_group_items,
         max_fan_in=spec.max_fan_in,
         group_factor=spec.group_factor,
+        shuffle_key=spec.shuffle_key,
     )
 
 
@@ -126,6 +127,8 @@ def plan_checks(spec: RunSpec, result: LearnResult) -> dict[str, Any]:
     records, so this is exactly what the engine ran. Also cross-checks the call counts against the plans.
     """
     config = method_config(spec)
+    if spec.shuffle_key != "none":  # a keyed plan depends on the reflections' keys: see the sent checks
+        return {"keyed": spec.shuffle_key}
     groups = merges = max_items = max_reflections = max_fan_in = depth = 0
     max_k = 0
     for it in result.iterations:
