@@ -102,6 +102,8 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=PROFILE_NAMES,
         help=f"serving profile of the simulator, recorded in results.json (default {d.profile}; docs/simulator.md)",
     )
+    s.add_argument("--rpm", type=int, dest="rpm", help="requests per minute of the api profile (default 5,000)")
+    s.add_argument("--tpm", type=int, dest="tpm", help="tokens per minute of the api profile (default 2,000,000)")
     s.add_argument(
         "--shapes",
         type=_shapes,
@@ -150,6 +152,8 @@ def build_config(args: argparse.Namespace) -> Any:
         "profile": "profile",
         "merge_factors": "merge_factors",
         "shapes": "shuffle_keys",
+        "rpm": "requests_per_minute",
+        "tpm": "tokens_per_minute",
         "base_url": "base_url",
         "world": "world",
         "test_n": "test_n",

@@ -156,6 +156,10 @@ def run_sim_config(run: RunSpec, config: BenchConfig) -> Any:
     }
     if config.profile == "unlimited":
         fields["max_concurrency"] = config.sim_max_concurrency
+    if config.requests_per_minute is not None:
+        fields["requests_per_minute"] = config.requests_per_minute
+    if config.tokens_per_minute is not None:
+        fields["tokens_per_minute"] = config.tokens_per_minute
     return SimConfig.for_profile(config.profile, **fields)
 
 
@@ -393,6 +397,9 @@ def _sim_settings(config: BenchConfig, external: dict[str, Any] | None) -> dict[
         fields: dict[str, Any] = {"seed": config.sim_seed, "time_scale": config.time_scale}
         if config.profile == "unlimited":
             fields["max_concurrency"] = config.sim_max_concurrency
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            if getattr(config, name) is not None:
+                fields[name] = getattr(config, name)
         settings = SimConfig.for_profile(config.profile, **fields).model_dump()
     else:
         settings = external

@@ -138,6 +138,8 @@ class BenchConfig:
     profile: str = "gpu"
     merge_factors: tuple[float | None, ...] = (1.0,)
     shuffle_keys: tuple[str, ...] = ("none",)  # reduce shapes of the Combee runs at fixed batch sizes
+    requests_per_minute: int | None = None  # overrides of the profile's rate limits (None: the profile's)
+    tokens_per_minute: int | None = None
     base_url: str | None = None
     world: str = "formula"
     test_n: int = 400

@@ -264,6 +264,9 @@ def train(
                 "profile": config.profile,
                 "merge_capacity_factor": config.merge_capacity_factor,
                 "time_scale": config.time_scale,
+                "requests_per_minute": config.requests_per_minute,
+                "tokens_per_minute": config.tokens_per_minute,
+                "shared_throughput": config.shared_throughput,
             }
         if base_url is None:
             if sim_config_json is None:
