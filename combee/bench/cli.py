@@ -48,6 +48,16 @@ def _factors(text: str) -> tuple[float | None, ...]:
     return values
 
 
+def _grids(text: str) -> tuple[tuple[int, ...], ...]:
+    try:
+        grids = tuple(tuple(int(b) for b in part.split("/")) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected grids like 16/32/64,8/24/72, got {text!r}") from None
+    if not grids or any(len(g) < 2 or min(g) < 1 for g in grids):
+        raise argparse.ArgumentTypeError(f"each grid needs two or more positive sizes, got {text!r}")
+    return grids
+
+
 def _shapes(text: str) -> tuple[str, ...]:
     from combee.engine import SHUFFLE_KEYS
 
@@ -102,6 +112,11 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=PROFILE_NAMES,
         help=f"serving profile of the simulator, recorded in results.json (default {d.profile}; docs/simulator.md)",
     )
+    s.add_argument(
+        "--auto-grids",
+        type=_grids,
+        help="the controller's profiling grids, one auto run each, e.g. 16/32/64,8/24/72 (default 16/32/64)",
+    )
     s.add_argument("--rpm", type=int, dest="rpm", help="requests per minute of the api profile (default 5,000)")
     s.add_argument("--tpm", type=int, dest="tpm", help="tokens per minute of the api profile (default 2,000,000)")
     s.add_argument(
@@ -152,6 +167,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "profile": "profile",
         "merge_factors": "merge_factors",
         "shapes": "shuffle_keys",
+        "auto_grids": "auto_grids",
         "rpm": "requests_per_minute",
         "tpm": "tokens_per_minute",
         "base_url": "base_url",

@@ -22,6 +22,7 @@ __all__ = [
     "acceptance",
     "aggregate",
     "calibration",
+    "controller_table",
     "factor_table",
     "markdown",
     "median",
@@ -564,6 +565,84 @@ def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
     return rows
 
 
+def controller_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
+    """Every ``auto`` configuration (reduce shape, merge factor, profiling grid) against the fixed Combee batch
+    sizes of the same shape and factor: its choices per seed, its median wall time, and the fastest fixed size
+    that keeps ≥ 0.85 × sequential's retention (the issue-12 controller criterion: within 1.3× of it)."""
+    ok = _ok(runs)
+    rows: list[dict[str, Any]] = []
+    autos: dict[str, list[Run]] = {}
+    for r in ok:
+        if r["method"] == "combee" and r["batch_size"] == "auto" and r["kind"] == "sweep":
+            autos.setdefault(r["config_key"], []).append(r)
+    for key, members in sorted(autos.items()):
+        first = members[0]
+        shape, factor, n = first.get("shuffle_key", "none"), first.get("merge_factor", 1.0), first["n_traces"]
+        seq = _sequential(ok, n)
+        good: list[tuple[float, int, float]] = []
+        sizes = sorted(
+            {
+                r["batch_size"]
+                for r in ok
+                if r["method"] == "combee"
+                and isinstance(r["batch_size"], int)
+                and r.get("shuffle_key", "none") == shape
+                and r.get("merge_factor", 1.0) == factor
+                and r["n_traces"] == n
+            }
+        )
+        for b in sizes:
+            fixed = {
+                r["seed"]: r
+                for r in ok
+                if r["method"] == "combee"
+                and r["batch_size"] == b
+                and r.get("shuffle_key", "none") == shape
+                and r.get("merge_factor", 1.0) == factor
+                and r["n_traces"] == n
+            }
+            ratio = median(_paired(fixed, seq, _ratio("insight_retention")))
+            wall = median(r["wall_s"] for r in fixed.values())
+            if ratio is not None and wall is not None and ratio >= 0.85:
+                good.append((wall, b, ratio))
+        auto_wall = median(r["wall_s"] for r in members)
+        auto_ret = median(_paired({r["seed"]: r for r in members}, seq, _ratio("insight_retention")))
+        best = min(good) if good else None
+        rows.append(
+            {
+                "config_key": key,
+                "shape": shape,
+                "merge_factor": factor,
+                "grid": list(first.get("auto_grid") or []),
+                "chosen": [(r.get("controller") or {}).get("chosen") for r in sorted(members, key=lambda r: r["seed"])],
+                "auto_wall_s": auto_wall,
+                "auto_retention_vs_sequential": auto_ret,
+                "best_fixed_batch": best[1] if best else None,
+                "best_fixed_wall_s": best[0] if best else None,
+                "wall_vs_best_fixed": auto_wall / best[0] if best and auto_wall else None,
+                "fixed_sizes": sizes,
+            }
+        )
+    return rows
+
+
+def _controller_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = [
+        "| shape | merge factor | profiling grid | chosen (per seed) | auto wall s | auto retention / seq "
+        "| fastest fixed b with ≥ 0.85 × seq retention | its wall s | auto / it |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        factor = "unlimited" if row["merge_factor"] is None else f"{row['merge_factor']:g}"
+        out.append(
+            f"| {row['shape']} | {factor} | {'/'.join(str(b) for b in row['grid'])} | {row['chosen']} "
+            f"| {_fmt(row['auto_wall_s'])} | {_fmt(row['auto_retention_vs_sequential'], '{:.2f}')} "
+            f"| {row['best_fixed_batch'] or '–'} | {_fmt(row['best_fixed_wall_s'])} "
+            f"| {_fmt(row['wall_vs_best_fixed'], '{:.2f}')} |"
+        )
+    return out
+
+
 def _factor_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     out = [
         "| merge factor | shape | batch | speed-up (wall) | speed-up (critical path) | retention (seq) "
@@ -628,6 +707,14 @@ def markdown(doc: Mapping[str, Any]) -> str:
             "(factor 1: a merge overloads exactly like a curator call). SIMULATED.",
             "",
             *_factor_lines(factors),
+        ]
+    controllers = doc.get("controllers") or controller_table(runs)
+    if controllers:
+        parts += [
+            "",
+            "## The batch-size controller against fixed sizes (SIMULATED)",
+            "",
+            *_controller_lines(controllers),
         ]
     parts += ["", "## Acceptance", "", "| criterion | measured | verdict |", "|---|---|---|"]
     for c in doc.get("acceptance", []):

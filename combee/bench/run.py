@@ -373,6 +373,7 @@ def run_bench(
         "runs": summary_runs,
         "summary": report.aggregate(summary_runs),
         "merge_factors": report.factor_table(summary_runs),
+        "controllers": report.controller_table(summary_runs),
         "calibration": report.calibration(summary_runs, config.n_traces),
         "acceptance": [asdict(c) for c in checks],
     }

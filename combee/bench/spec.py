@@ -70,6 +70,7 @@ class RunSpec:
     max_group_items: int = 24
     max_fan_in: int = 12
     auto_max: int = field(default_factory=lambda: BatchSizeController().bs_max)
+    auto_grid: tuple[int, ...] = field(default_factory=lambda: tuple(BatchSizeController().candidates))
     time_scale: float | None = None  # None: the bench's main time scale
     # The simulator's merge law for this run (a merge of m proposals keeps ≤ factor·K(m); None: unlimited).
     # Only Combee sends merge calls, so sequential and naive runs are planned once, at the first factor.
@@ -82,6 +83,8 @@ class RunSpec:
         parts = [self.method, f"b{self.batch_size}"]
         if self.method == "combee":
             parts += [f"p{self.p}", f"g{self.group_factor:g}"]
+            if self.batch_size == "auto" and self.auto_grid != tuple(BatchSizeController().candidates):
+                parts.append("t" + ".".join(str(b) for b in self.auto_grid))
             if self.max_group_items != 24:
                 parts.append(f"m{self.max_group_items}")
             if self.max_fan_in != 12:
@@ -126,6 +129,7 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 5, 10, 20, 50, 100)
     methods: tuple[str, ...] = ("naive", "combee")
     auto: bool = True
+    auto_grids: tuple[tuple[int, ...], ...] = ((16, 32, 64),)  # the controller's profiling grids (one auto run each)
     sweep: bool = True
     ablations: bool = False
     ablation_batch: int = 100
@@ -200,7 +204,11 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
                     if b > 1:
                         runs.append(RunSpec(method, b, seed, n, merge_factor=first))  # type: ignore[arg-type]
             if config.auto and "combee" in config.methods:
-                runs.append(RunSpec("combee", "auto", seed, n, merge_factor=first))
+                for grid in config.auto_grids:  # the controller with the first reduce shape
+                    shape = config.shuffle_keys[0]
+                    runs.append(
+                        RunSpec("combee", "auto", seed, n, merge_factor=first, shuffle_key=shape, auto_grid=grid)
+                    )
             # the other merge laws and reduce shapes: only Combee's runs depend on them
             for factor in config.merge_factors:
                 for shape in config.shuffle_keys:

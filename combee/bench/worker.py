@@ -171,7 +171,9 @@ async def _train(
         )
     )
     probe = InFlightProbe(client)
-    controller = BatchSizeController(bs_max=spec.auto_max) if spec.batch_size == "auto" else None
+    controller = (
+        BatchSizeController(candidates=spec.auto_grid, bs_max=spec.auto_max) if spec.batch_size == "auto" else None
+    )
     config = LearnConfig(method=method_config(spec), batch_size=spec.batch_size, controller=controller)
     cpu_started = time.process_time()
     try:
