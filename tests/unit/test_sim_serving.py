@@ -78,7 +78,17 @@ def _body(i: int, words: int = 40) -> dict[str, Any]:
 
 
 async def test_the_api_profile_limits_and_announces_its_rate() -> None:
-    config = SimConfig.for_profile("api", time_scale=0.001, requests_per_minute=3, tokens_per_minute=10**6)
+    # real time, but instant service: the bucket refills one request per 20 s, so a slow machine cannot refill it
+    config = SimConfig.for_profile(
+        "api",
+        time_scale=1.0,
+        ttft_s=0.0,
+        prefill_s_per_token=0.0,
+        decode_tokens_per_s=1e9,
+        jitter_sigma=0.0,
+        requests_per_minute=3,
+        tokens_per_minute=10**6,
+    )
     with SimThread(config) as server:
         answers = [await _post(server.base_url, _body(i)) for i in range(4)]
         stats = server.stats()
@@ -146,7 +156,7 @@ async def test_the_openai_client_paces_itself_instead_of_bouncing_off_429s() -> 
     from combee.llm import ChatMessage, ChatRequest, Role
     from combee.llm_openai import EndpointConfig, OpenAILLM
 
-    config = SimConfig.for_profile("api", time_scale=0.002, requests_per_minute=10, tokens_per_minute=10**7)
+    config = SimConfig.for_profile("api", time_scale=0.02, requests_per_minute=10, tokens_per_minute=10**7)
     with SimThread(config) as server:
         llm = OpenAILLM(EndpointConfig(base_url=server.base_url, default_model="m", max_concurrency=64))
         try:
