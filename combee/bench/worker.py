@@ -75,23 +75,26 @@ class InFlightProbe:
 
 def sent_checks(sent: list[SentCall]) -> dict[str, Any]:
     """The reduce's shape as the requests actually sent show it: items per curator call, proposals per merge
-    call, and the depth (curator level + merge levels), where a new level starts with a consolidating call
-    sent after every call of the level before it had come back. Consolidating calls separated by other calls
-    (a map stage) belong to different windows."""
+    call, and the depth (curator level + merge levels). Consolidating calls separated by other calls (a map
+    stage) belong to different windows."""
     calls = sorted(sent, key=lambda c: c.started)
     curator = [c.items for c in calls if c.role is Role.CURATOR]
     merger = [c.items for c in calls if c.role is Role.MERGER]
+    # Depth = 1 (the curator level) + merge levels, a new merge level starting with a merge call sent after every
+    # merge call of the level before it had come back. Exact for one tree per window; for a keyed reduce, whose
+    # sections run side by side, a section's merge that ends before another's starts counts as a deeper level.
     depth = 0
-    level_end = -1.0
     levels = 0
+    level_end = -1.0
     previous: Role | None = None
     for call in calls:
         if call.role not in _ITEM_BLOCKS:
             previous = call.role
             continue
-        if call.role is Role.CURATOR and previous is not Role.CURATOR:
-            levels, level_end = 0, -1.0  # a new window's reduce
-        if call.started >= level_end:
+        if call.role is Role.CURATOR:
+            if previous not in (Role.CURATOR, Role.MERGER):
+                levels, level_end = 1, -1.0  # a new window's reduce (after its map stage)
+        elif call.started >= level_end:
             levels += 1
             level_end = call.ended
         else:
