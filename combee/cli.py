@@ -481,7 +481,13 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
     from combee.sim import runner
 
     argv = ["--host", args.host, "--port", str(args.port), "--seed", str(args.seed), "--world", args.world]
-    argv += ["--time-scale", str(args.time_scale), "--max-concurrency", str(args.max_concurrency)]
+    argv += ["--time-scale", str(args.time_scale)]
+    if args.max_concurrency is not None:
+        argv += ["--max-concurrency", str(args.max_concurrency)]
+    if args.profile is not None:
+        argv += ["--profile", args.profile]
+    if args.merge_capacity_factor is not None:
+        argv += ["--merge-capacity-factor", args.merge_capacity_factor]
     for name in ("fault_500_rate", "fault_429_rate", "fault_timeout_rate", "fault_malformed_rate"):
         value = getattr(args, name)
         if value:
@@ -532,7 +538,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--world", default="combee", help="behaviour model: 'combee' (default) or 'none' (generic only)")
     s.add_argument("--time-scale", type=float, default=1.0, help="multiply every simulated delay (e.g. 0.05)")
-    s.add_argument("--max-concurrency", type=_positive_int, default=256, help="server-side slots")
+    s.add_argument("--max-concurrency", type=_positive_int, help="server-side slots (default: the profile's, 256)")
+    s.add_argument(
+        "--profile",
+        choices=("unlimited", "gpu", "api", "cpu"),
+        help="serving profile (default unlimited; docs/simulator.md)",
+    )
+    s.add_argument(
+        "--merge-capacity-factor",
+        help="a merge of m proposals keeps at most factor x K(m), K the curator's law (default 1; 'unlimited')",
+    )
     for name, help_ in (
         ("--fault-500-rate", "share of requests answered with HTTP 500"),
         ("--fault-429-rate", "share of requests answered with HTTP 429 + Retry-After"),

@@ -3,10 +3,13 @@
 Model: the time to learn from a fixed amount of traces at batch size ``bs`` falls as a power law,
 ``T(bs) = A · bs^(−α)`` (per trace: one iteration's wall time divided by its batch size). Trial iterations
 at candidate sizes give points; a least-squares fit in log-log space gives ``A`` and ``α``. The curve's slope
-``−αA·bs^(−α−1)`` is steepest at the smallest size profiled; ``τ`` is ``tau_fraction`` (1.6 %) of that
+``−αA·bs^(−α−1)`` is steepest at the smallest batch size considered; ``τ`` is ``tau_fraction`` (1.6 %) of that
 steepest slope, and the controller picks the plateau where the slope has flattened to ``τ``:
-``bs* = (αA/τ)^(1/(α+1))``, clamped to ``[bs_min, bs_max]``. Beyond ``bs*`` a bigger batch buys almost no
-time and only risks quality.
+``bs* = (αA/τ)^(1/(α+1))``, clamped to ``[bs_min, bs_max]``. Where the steepest slope is measured is fixed
+(``reference_bs``, 8), not the smallest size that happened to be profiled: since
+``bs* = reference · tau_fraction^(−1/(α+1))``, anchoring it on the profiling grid made the choice proportional
+to the grid's smallest trial (trials 16/32/64 chose ~2× what trials 8/16/32 chose on the same curve).
+Beyond ``bs*`` a bigger batch buys almost no time and only risks quality.
 
 Streaming adds one guard: a window must be big enough that the pipeline keeps up with the arrival rate
 (:meth:`BatchSizeController.keep_up_size`). Everything here is pure: timings come in as numbers.
@@ -131,6 +134,7 @@ class BatchSizeController:
     bs_min: int = 8
     bs_max: int = 256
     tau_fraction: float = DEFAULT_TAU_FRACTION
+    reference_bs: int = 8  # where the fitted curve's steepest slope is taken (independent of the trial grid)
     history: int = 64
     default: int = 32
     _obs: deque[tuple[int, float]] = field(init=False)
@@ -200,7 +204,7 @@ class BatchSizeController:
                 batch_size=self._clamp(self.default),
                 reason=f"not enough timings yet (need two distinct sizes); using the default {self.default}",
             )
-        steepest_at = min(b for b, _ in fit.points)
+        steepest_at = float(self.reference_bs)
         tau = self.tau_fraction * abs(fit.slope(steepest_at))
         raw = plateau_batch_size(fit, steepest_at, self.tau_fraction)
         chosen = self._clamp(raw)

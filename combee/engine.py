@@ -26,7 +26,7 @@ from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
 from combee.llm import LLM, ChatResponse, Role, Usage, context_tokens_of
 from combee.models import Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
-from combee.plan import ReducePlan, plan_reduce, window_id
+from combee.plan import KeyedPlan, ReducePlan, plan_keyed, plan_reduce, window_id
 from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, normalise_text
 from combee.prompts import (
     DEFAULT_PROMPTS,
@@ -71,6 +71,14 @@ class Method(enum.StrEnum):
     NAIVE = "naive"
 
 
+SHUFFLE_KEYS = ("none", "section", "section-union")
+
+
+def reflection_key(reflection: Reflection) -> str:
+    """The routing key of a reflection in a keyed shuffle: its first insight's section ("" without insights)."""
+    return str(reflection.insights[0].section) if reflection.insights else ""
+
+
 @dataclass(frozen=True)
 class MethodConfig:
     """Knobs of the reduce. Defaults are the paper's (p = 2, k = ⌊√n⌋) plus Combee's tree bounds."""
@@ -80,6 +88,10 @@ class MethodConfig:
     max_group_items: int = 24
     max_fan_in: int = 12
     group_factor: float = 1.0
+    # The reduce's shape: "none" = the paper's (one augmented shuffle over the window); "section" = a keyed
+    # shuffle routing each reflection by its first insight's section, each section reduced on its own and the
+    # sections' deltas united; "section-union" = the same with no merge call (partials united within a key too).
+    shuffle_key: str = "none"
     parse_attempts: int = 3
     retry_temperatures: tuple[float, ...] = RETRY_TEMPERATURES
     policy: ApplyPolicy = field(default_factory=ApplyPolicy)
@@ -91,6 +103,20 @@ class MethodConfig:
             raise ValueError("parse_attempts must be >= 1")
         if not self.retry_temperatures or any(t < 0 for t in self.retry_temperatures):
             raise ValueError("retry_temperatures must be a non-empty list of temperatures >= 0")
+        if self.shuffle_key not in SHUFFLE_KEYS:
+            raise ValueError(f"shuffle_key must be one of {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_key!r}")
+
+    def plan_keyed(self, reflections: Sequence[Reflection], seed_key: str) -> KeyedPlan:
+        """The keyed reduce of ``reflections`` (``shuffle_key`` other than "none")."""
+        return plan_keyed(
+            [reflection_key(r) for r in reflections],
+            self.p,
+            seed_key,
+            max_group_items=self.max_group_items,
+            max_fan_in=self.max_fan_in,
+            group_factor=self.group_factor,
+            merge_within_key=self.shuffle_key != "section-union",
+        )
 
     def plan(self, n: int, seed_key: str) -> ReducePlan:
         return plan_reduce(
@@ -117,6 +143,7 @@ class RoleStats:
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
     cached: int = 0
     parse_failures: int = 0
     max_prompt_tokens: int = 0
@@ -131,6 +158,7 @@ class RoleStats:
         self.calls += other.calls
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.cached_prompt_tokens += other.cached_prompt_tokens
         self.cached += other.cached
         self.parse_failures += other.parse_failures
         self.max_prompt_tokens = max(self.max_prompt_tokens, other.max_prompt_tokens)
@@ -166,6 +194,7 @@ class Meter:
         s.calls += 1
         s.prompt_tokens += response.usage.prompt_tokens
         s.completion_tokens += response.usage.completion_tokens
+        s.cached_prompt_tokens += response.usage.cached_prompt_tokens
         s.max_prompt_tokens = max(s.max_prompt_tokens, response.usage.prompt_tokens)
         s.cached += int(response.cached)
         if not response.cached:
@@ -204,6 +233,7 @@ class Meter:
         return Usage(
             prompt_tokens=sum(s.prompt_tokens for s in self.roles.values()),
             completion_tokens=sum(s.completion_tokens for s in self.roles.values()),
+            cached_prompt_tokens=sum(s.cached_prompt_tokens for s in self.roles.values()),
         )
 
 
@@ -446,6 +476,7 @@ class WindowResult:
     wall_s: float
     critical_path_s: float
     reflections: int
+    keyed: KeyedPlan | None = None
 
 
 async def _gather(aws: Sequence[Awaitable[V]]) -> list[V]:
@@ -488,9 +519,13 @@ async def run_window(
     tags = count_tags(reflections)
 
     plan: ReducePlan | None = None
+    keyed: KeyedPlan | None = None
     if not reflections:
         ops: tuple[DeltaOp, ...] = ()
         reduce_s = 0.0
+    elif config.method is Method.COMBEE and config.shuffle_key != "none":
+        keyed = config.plan_keyed(reflections, window.seed)
+        ops, reduce_s = await _reduce_keyed(keyed, reflections, playbook, llm, {**kw, "dedup": dedup})
     elif config.method is Method.COMBEE:
         plan = config.plan(len(reflections), window.seed)
         ops, reduce_s = await _reduce(plan, reflections, playbook, llm, {**kw, "dedup": dedup})
@@ -518,7 +553,34 @@ async def run_window(
         wall_s=clock() - started,
         critical_path_s=map_s + reduce_s,
         reflections=len(reflections),
+        keyed=keyed,
     )
+
+
+async def _reduce_keyed(
+    plan: KeyedPlan,
+    reflections: Sequence[Reflection],
+    playbook: Playbook,
+    llm: LLM,
+    kw: dict[str, object],
+) -> tuple[tuple[DeltaOp, ...], float]:
+    """Each key's class reduced on its own, all at once; the classes' deltas united (exact duplicates dropped).
+
+    Returns the united operations and the critical path (the slowest class)."""
+
+    curate_kw = {k: v for k, v in kw.items() if k != "dedup"}
+
+    async def one_class(c: int) -> tuple[tuple[DeltaOp, ...], float]:
+        members = [reflections[i] for i in plan.members[c]]
+        sub = plan.plans[c]
+        if plan.merge_within_key:
+            return await _reduce(sub, members, playbook, llm, kw)
+        groups = [[members[i] for i in group] for group in sub.groups.groups]
+        outcomes = await _gather([curate(g, playbook, llm, **curate_kw) for g in groups])  # type: ignore[arg-type]
+        return _passthrough([o.value or () for o in outcomes]), max((o.service_s for o in outcomes), default=0.0)
+
+    done = await _gather([one_class(c) for c in range(len(plan.plans))])
+    return _passthrough([ops for ops, _ in done]), max((s for _, s in done), default=0.0)
 
 
 async def _reduce(

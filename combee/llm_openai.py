@@ -20,6 +20,12 @@ Retry timing (the contract :func:`backoff_delay` and :func:`retry_after_from_hea
   silently stalling for minutes inside one call.
 - A 429 with a hint also closes this instance's gate until the hint has passed: requests about to start wait
   for it instead of each collecting their own 429.
+
+Pacing (:class:`RatePacer`): when the server announces its limits in OpenAI's ``x-ratelimit-*`` headers
+(limit, remaining, time until full), this instance mirrors them in its own two buckets (requests, and tokens
+estimated as the prompt plus ``max_tokens``) and holds each request until the buckets allow it, so a
+rate-limited endpoint is used at its announced rate instead of being probed by 429s. The limits are learnt from
+the first answers; a 429 still falls back to the rules above.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ __all__ = [
     "EndpointConfig",
     "LLMStats",
     "OpenAILLM",
+    "RatePacer",
     "RoleRouter",
     "StructuredMode",
     "StructuredOutput",
@@ -65,6 +72,7 @@ __all__ = [
     "context_from_models",
     "context_from_props",
     "is_reasoning_model",
+    "reset_seconds",
     "retry_after_from_headers",
 ]
 
@@ -282,6 +290,8 @@ class LLMStats(BaseModel):
     retries: Mapping[str, int] = Field(default_factory=dict)
     backoff_s: float = 0.0
     cooldown_waits: int = 0
+    paced_waits: int = 0
+    paced_s: float = 0.0
     structured_mode: StructuredMode = "json_schema"
     structured_mode_settled: bool = False
     structured_fallbacks: int = 0
@@ -439,10 +449,113 @@ class _Counters:
     attempts: int = 0
     backoff_s: float = 0.0
     cooldown_waits: int = 0
+    paced_waits: int = 0
+    paced_s: float = 0.0
     structured_fallbacks: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
     estimated_usage_responses: int = 0
+
+
+class _Bucket:
+    """One mirrored limit: capacity ``limit``, refilled at ``rate`` per second (learnt from a reset time)."""
+
+    def __init__(self) -> None:
+        self.limit: float | None = None
+        self.rate: float | None = None
+        self.level = 0.0
+        self.at = 0.0
+
+    def learn(self, limit: float, remaining: float, reset_s: float | None, now: float, refused: bool) -> None:
+        if reset_s is not None and reset_s > 0 and remaining < limit:
+            # the slowest refill seen: a server that rounds its remaining count down overstates some estimates
+            rate = (limit - remaining) / reset_s
+            self.rate = rate if self.rate is None else min(self.rate, rate)
+        if self.limit is None or refused:
+            self.level = 0.0 if refused else remaining
+            self.at = now
+        self.limit = limit
+
+    def _refill(self, now: float) -> None:
+        if self.limit is not None and self.rate is not None and now > self.at:
+            self.level = min(self.limit, self.level + (now - self.at) * self.rate)
+        self.at = max(self.at, now)
+
+    def wait_for(self, cost: float, now: float) -> float:
+        if self.limit is None or self.rate is None:
+            return 0.0
+        self._refill(now)
+        # Headroom for arrival jitter: requests paced apart can reach the server bunched (connection set-up,
+        # scheduling), so the bucket keeps a small reserve (5 % of the limit, at least one unit) untouched.
+        reserve = min(max(1.0, 0.05 * self.limit), 0.5 * self.limit)
+        need = min(cost + reserve, self.limit) - self.level
+        return max(0.0, need / self.rate)
+
+    def take(self, cost: float, now: float) -> None:
+        if self.limit is not None:
+            self._refill(now)
+            self.level -= min(cost, self.limit)
+
+
+class RatePacer:
+    """Paces requests by the limits a server announces in OpenAI's ``x-ratelimit-*`` headers.
+
+    :meth:`observe` learns each limit (``x-ratelimit-limit-*``), the current ``remaining`` and the refill rate
+    (what is missing divided by ``x-ratelimit-reset-*``, the time until full); from then on the pacer keeps its
+    own bucket per limit and :meth:`acquire` waits (in arrival order) until a request's cost fits with a small
+    reserve to spare (5 % of the limit, at least one unit: paced requests may still reach the server bunched). A
+    refused request (429) empties the buckets. Servers that announce nothing are never paced.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._requests = _Bucket()
+        self._tokens = _Bucket()
+        self._lock = asyncio.Lock()
+
+    def observe(self, headers: Mapping[str, str], *, refused: bool = False) -> None:
+        lowered = {k.lower(): v for k, v in headers.items()}
+        now = self._clock()
+        for kind, bucket in (("requests", self._requests), ("tokens", self._tokens)):
+            limit = _finite_non_negative(lowered.get(f"x-ratelimit-limit-{kind}", ""))
+            remaining = _finite_non_negative(lowered.get(f"x-ratelimit-remaining-{kind}", ""))
+            if limit is None or remaining is None or limit <= 0:
+                continue
+            reset = reset_seconds(lowered.get(f"x-ratelimit-reset-{kind}"))
+            bucket.learn(limit, remaining, reset, now, refused)
+
+    async def acquire(self, tokens: int, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> float:
+        """Wait until one request of ``tokens`` estimated tokens fits both buckets; returns the seconds waited."""
+        waited = 0.0
+        async with self._lock:
+            while True:
+                now = self._clock()
+                wait = max(self._requests.wait_for(1, now), self._tokens.wait_for(tokens, now))
+                if wait <= 1e-9:
+                    break
+                waited += wait
+                await sleep(wait)
+            now = self._clock()
+            self._requests.take(1, now)
+            self._tokens.take(tokens, now)
+        return waited
+
+
+def reset_seconds(text: str | None) -> float | None:
+    """Seconds in an ``x-ratelimit-reset-*`` value: ``"1m30s"``, ``"2.5s"``, ``"120ms"`` or a bare number."""
+    if text is None:
+        return None
+    text = text.strip()
+    plain = _finite_non_negative(text)
+    if plain is not None:
+        return plain
+    found = re.fullmatch(
+        r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?", text
+    )
+    if not text or found is None:
+        return None
+    h, m, sec, ms = (float(g) if g else 0.0 for g in found.groups())
+    return h * 3600 + m * 60 + sec + ms / 1000
 
 
 class OpenAILLM:
@@ -494,6 +607,7 @@ class OpenAILLM:
         self._settled = not self._auto
         self._rejected_modes: list[StructuredMode] = []
         self._cooldown_until = -math.inf
+        self._pacer = RatePacer(clock)
         self._counters = _Counters()
         self._retries: Counter[str] = Counter()
         self._usage_by_role: dict[Role, Usage] = {}
@@ -530,6 +644,8 @@ class OpenAILLM:
             retries=dict(self._retries),
             backoff_s=c.backoff_s,
             cooldown_waits=c.cooldown_waits,
+            paced_waits=c.paced_waits,
+            paced_s=c.paced_s,
             structured_mode=self.structured_mode,
             structured_mode_settled=self._settled,
             structured_fallbacks=c.structured_fallbacks,
@@ -631,6 +747,7 @@ class OpenAILLM:
                 kwargs["response_format"] = response_format
 
             await self._wait_for_cooldown()
+            await self._pace(messages, request.max_tokens)
             try:
                 response = await self._attempt(kwargs, model)
             except openai.APIStatusError as exc:
@@ -670,6 +787,7 @@ class OpenAILLM:
                 # together most of the client's CPU per request (see docs/benchmarks.md). The body is our
                 # own plain JSON, so that walk had nothing to change.
                 raw = await self._client.post("/chat/completions", body=kwargs, cast_to=_HTTP_RESPONSE)
+        self._pacer.observe(raw.headers)
         response, estimated = _read_response(raw.headers, raw.content, model, kwargs["messages"])
         if estimated:
             self._counters.estimated_usage_responses += 1
@@ -684,6 +802,8 @@ class OpenAILLM:
         if status in _RETRYABLE_STATUS_REASONS or status >= 500:
             reason = _RETRYABLE_STATUS_REASONS.get(status, "server_error")
             hint = retry_after_from_headers(exc.response.headers)
+            if status == 429:
+                self._pacer.observe(exc.response.headers, refused=True)
             return _Failure(reason, detail, status=status, retry_after_s=hint)
         if status == 401:
             explanation = "the endpoint rejected the API key (check OPENAI_API_KEY / api_key)"
@@ -767,6 +887,13 @@ class OpenAILLM:
             delay,
         )
         await self._sleep(delay)
+
+    async def _pace(self, messages: list[dict[str, str]], max_tokens: int) -> None:
+        cost = sum(estimate_tokens(m["content"]) + 4 for m in messages) + max_tokens
+        wait = await self._pacer.acquire(cost, self._sleep)
+        if wait > 0:
+            self._counters.paced_waits += 1
+            self._counters.paced_s += wait
 
     async def _wait_for_cooldown(self) -> None:
         wait = self._cooldown_until - self._clock()
@@ -1080,9 +1207,13 @@ def _usage_of(usage: object) -> Usage | None:
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
     valid = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (prompt, completion))
-    if valid:
-        return Usage(prompt_tokens=prompt, completion_tokens=completion)
-    return None
+    if not valid or not isinstance(prompt, int):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    if not isinstance(cached, int) or isinstance(cached, bool) or cached < 0:
+        cached = 0
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=min(cached, prompt))
 
 
 def _service_time(value: str | None) -> float | None:

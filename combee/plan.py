@@ -15,16 +15,19 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "GroupPlan",
+    "KeyedPlan",
     "MergeNode",
     "ReducePlan",
     "TreePlan",
     "augmented_shuffle",
     "group_count",
     "plan_groups",
+    "plan_keyed",
     "plan_reduce",
     "plan_tree",
     "seed_of",
@@ -181,3 +184,59 @@ def plan_reduce(
     """The whole reduce plan of a window, seeded from ``seed_key`` (a replay makes the same plan)."""
     groups = plan_groups(n, p, random.Random(seed_of(seed_key)), max_group_items, group_factor)
     return ReducePlan(groups=groups, tree=plan_tree(groups.k, max_fan_in))
+
+
+@dataclass(frozen=True)
+class KeyedPlan:
+    """A keyed shuffle: reflections are routed by a key (e.g. the section of their insight), each key's class
+    is reduced on its own (``plans[c]`` over the reflections ``members[c]``, in window order), and the classes'
+    deltas are *united*, not merged: classes with different keys hold unrelated items, so no call has to
+    consolidate across them. With ``merge_within_key`` false, a class's level-1 partials are united too (no
+    merge call at all; exact duplicates dropped)."""
+
+    keys: tuple[str, ...]
+    members: tuple[tuple[int, ...], ...]
+    plans: tuple[ReducePlan, ...]
+    merge_within_key: bool = True
+
+    @property
+    def curator_calls(self) -> int:
+        return sum(plan.groups.k for plan in self.plans)
+
+    @property
+    def merge_calls(self) -> int:
+        return sum(plan.tree.merge_calls for plan in self.plans) if self.merge_within_key else 0
+
+    @property
+    def depth(self) -> int:
+        """Levels of calls on the longest chain (1 = curator calls only)."""
+        if not self.plans:
+            return 0
+        return max(plan.tree.depth for plan in self.plans) if self.merge_within_key else 1
+
+
+def plan_keyed(
+    keys: Sequence[str],
+    p: int,
+    seed_key: str,
+    *,
+    max_group_items: int = 24,
+    max_fan_in: int = 12,
+    group_factor: float = 1.0,
+    merge_within_key: bool = True,
+) -> KeyedPlan:
+    """One :func:`plan_reduce` per distinct key (sorted), each seeded from ``seed_key`` and its key."""
+    classes = sorted(set(keys))
+    members = tuple(tuple(i for i, k in enumerate(keys) if k == c) for c in classes)
+    plans = tuple(
+        plan_reduce(
+            len(m),
+            p,
+            f"{seed_key}#{c}",
+            max_group_items=max_group_items,
+            max_fan_in=max_fan_in,
+            group_factor=group_factor,
+        )
+        for c, m in zip(classes, members, strict=True)
+    )
+    return KeyedPlan(tuple(classes), members, plans, merge_within_key)

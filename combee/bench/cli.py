@@ -36,6 +36,37 @@ def _methods(text: str) -> tuple[str, ...]:
     return values
 
 
+def _factors(text: str) -> tuple[float | None, ...]:
+    from combee.bench.spec import parse_factor
+
+    try:
+        values = tuple(parse_factor(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct factors like 1,2,4,unlimited, got {text!r}")
+    return values
+
+
+def _grids(text: str) -> tuple[tuple[int, ...], ...]:
+    try:
+        grids = tuple(tuple(int(b) for b in part.split("/")) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected grids like 16/32/64,8/24/72, got {text!r}") from None
+    if not grids or any(len(g) < 2 or min(g) < 1 for g in grids):
+        raise argparse.ArgumentTypeError(f"each grid needs two or more positive sizes, got {text!r}")
+    return grids
+
+
+def _shapes(text: str) -> tuple[str, ...]:
+    from combee.engine import SHUFFLE_KEYS
+
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not values or set(values) - set(SHUFFLE_KEYS) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"shapes are among {', '.join(SHUFFLE_KEYS)}, got {text!r}")
+    return values
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -74,6 +105,32 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--scale-seeds", type=_ints, help="seeds of the --scale runs (default 1)")
     g.add_argument("--scale-time-scale", type=_non_negative, help="time scale of the --scale runs (own simulator)")
     s = p.add_argument_group("simulator and machine")
+    from combee.sim.serving import PROFILE_NAMES
+
+    s.add_argument(
+        "--profile",
+        choices=PROFILE_NAMES,
+        help=f"serving profile of the simulator, recorded in results.json (default {d.profile}; docs/simulator.md)",
+    )
+    s.add_argument(
+        "--auto-grids",
+        type=_grids,
+        help="the controller's profiling grids, one auto run each, e.g. 16/32/64,8/24/72 (default 16/32/64)",
+    )
+    s.add_argument("--rpm", type=int, dest="rpm", help="requests per minute of the api profile (default 5,000)")
+    s.add_argument("--tpm", type=int, dest="tpm", help="tokens per minute of the api profile (default 2,000,000)")
+    s.add_argument(
+        "--shapes",
+        type=_shapes,
+        help="reduce shapes of the Combee runs: none (the paper's), section (keyed shuffle by section, merges "
+        "within a section), section-union (keyed, no merge call); default none",
+    )
+    s.add_argument(
+        "--merge-factors",
+        type=_factors,
+        help="merge capacity factors to compare, e.g. 1,2,4,unlimited (default 1: a merge overloads like a "
+        "curator call); Combee runs once per factor, sequential and naive once",
+    )
     s.add_argument("--time-scale", type=_non_negative, help=f"simulator delay multiplier (default {d.time_scale})")
     s.add_argument("--base-url", help="use a running Combee simulator (its time_scale is read from it)")
     s.add_argument("--world", help=f"simulated world (default {d.world})")
@@ -107,6 +164,12 @@ def build_config(args: argparse.Namespace) -> Any:
         "scale_seeds": "scale_seeds",
         "scale_time_scale": "scale_time_scale",
         "time_scale": "time_scale",
+        "profile": "profile",
+        "merge_factors": "merge_factors",
+        "shapes": "shuffle_keys",
+        "auto_grids": "auto_grids",
+        "rpm": "requests_per_minute",
+        "tpm": "tokens_per_minute",
         "base_url": "base_url",
         "world": "world",
         "test_n": "test_n",

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from combee.bench import report
-from combee.bench.spec import BenchConfig, RunSpec, is_shared, plan_runs
+from combee.bench.spec import BenchConfig, RunSpec, factor_label, is_shared, plan_runs
 from combee.bench.worker import train
 
 __all__ = ["BenchResult", "run_bench"]
@@ -128,26 +128,39 @@ def _write_trace_sets(config: BenchConfig, runs: list[RunSpec], log: Log) -> dic
 
 
 @contextlib.contextmanager
-def _simulators(config: BenchConfig, log: Log) -> Iterator[dict[float, str]]:
-    """Base URLs by time scale: the main simulator, plus one for the scale runs if their time scale differs."""
+def _evaluation_simulator(config: BenchConfig, log: Log) -> Iterator[str]:
+    """The base URL evaluation uses: the external simulator, or one started for it (answers do not depend on
+    the serving profile or the merge law; evaluation is not timed). Training runs start their own."""
     from combee.sim.config import SimConfig
     from combee.sim.runner import SimProcess
 
     if config.base_url is not None:
-        yield {config.time_scale: config.base_url}
+        yield config.base_url
         return
-    scales = [config.time_scale]
-    if config.scale_traces is not None and config.scale_time_scale not in (None, config.time_scale):
-        assert config.scale_time_scale is not None
-        scales.append(config.scale_time_scale)
-    with contextlib.ExitStack() as stack:
-        urls: dict[float, str] = {}
-        for scale in scales:
-            sim_config = SimConfig(seed=config.sim_seed, time_scale=scale, max_concurrency=config.sim_max_concurrency)
-            sim = stack.enter_context(SimProcess(sim_config, world="combee"))
-            urls[scale] = sim.base_url
-            log(f"SIMULATED model (pid {sim.pid}) at {sim.base_url}, time_scale {scale}")
-        yield urls
+    sim_config = SimConfig(
+        seed=config.sim_seed, time_scale=config.time_scale, max_concurrency=config.sim_max_concurrency
+    )
+    with SimProcess(sim_config, world="combee") as sim:
+        log(f"SIMULATED model for evaluation (pid {sim.pid}) at {sim.base_url}, time_scale {config.time_scale}")
+        yield sim.base_url
+
+
+def run_sim_config(run: RunSpec, config: BenchConfig) -> Any:
+    """The simulator a training run gets: the bench's profile, the run's merge law and time scale."""
+    from combee.sim.config import SimConfig
+
+    fields: dict[str, Any] = {
+        "seed": config.sim_seed,
+        "time_scale": _time_scale_of(run, config),
+        "merge_capacity_factor": run.merge_factor,
+    }
+    if config.profile == "unlimited":
+        fields["max_concurrency"] = config.sim_max_concurrency
+    if config.requests_per_minute is not None:
+        fields["requests_per_minute"] = config.requests_per_minute
+    if config.tokens_per_minute is not None:
+        fields["tokens_per_minute"] = config.tokens_per_minute
+    return SimConfig.for_profile(config.profile, **fields)
 
 
 def external_sim_config(base_url: str) -> dict[str, Any]:
@@ -173,7 +186,11 @@ def _time_scale_of(run: RunSpec, config: BenchConfig) -> float:
 
 
 def _train_all(
-    config: BenchConfig, runs: list[RunSpec], sets: dict[tuple[int, int], TraceSet], urls: dict[float, str], log: Log
+    config: BenchConfig,
+    runs: list[RunSpec],
+    sets: dict[tuple[int, int], TraceSet],
+    external: dict[str, Any] | None,
+    log: Log,
 ) -> dict[str, dict[str, Any]]:
     shared = sorted((r for r in runs if is_shared(r, config)), key=lambda r: -r.cost)
     exclusive = [r for r in runs if not is_shared(r, config)]
@@ -182,9 +199,14 @@ def _train_all(
     done = 0
 
     def submit(pool: ProcessPoolExecutor, run: RunSpec) -> Future[dict[str, Any]]:
-        url = urls[_time_scale_of(run, config)]
+        from combee.sim.config import SimConfig
+
         path = str(sets[(run.seed, run.n_traces)].path)
-        return pool.submit(train, run, url, path, config.client_concurrency, TRAIN_TIMEOUT_S)
+        if config.base_url is not None:  # an external simulator: whatever it was started with
+            known = SimConfig.model_validate(external).model_dump_json() if external is not None else None
+            return pool.submit(train, run, config.base_url, path, config.client_concurrency, TRAIN_TIMEOUT_S, known)
+        sim_json = run_sim_config(run, config).model_dump_json()
+        return pool.submit(train, run, None, path, config.client_concurrency, TRAIN_TIMEOUT_S, sim_json)
 
     def collect(run: RunSpec, future: Future[dict[str, Any]], phase: str) -> None:
         nonlocal done
@@ -311,11 +333,12 @@ def run_bench(
     runs = plan_runs(config)
     log(f"{len(runs)} runs planned (SIMULATED model; time_scale {config.time_scale})")
     sets = _write_trace_sets(config, runs, log)
-    with _simulators(config, log) as urls:
-        records = _train_all(config, runs, sets, urls, log)
-        log(f"training done in {time.monotonic() - started:.0f}s; evaluating {len(records)} playbooks")
+    log(f"serving profile {config.profile!r}; merge capacity factors {[factor_label(f) for f in config.merge_factors]}")
+    records = _train_all(config, runs, sets, external, log)
+    log(f"training done in {time.monotonic() - started:.0f}s; evaluating {len(records)} playbooks")
+    with _evaluation_simulator(config, log) as eval_url:
         eval_started = time.monotonic()
-        asyncio.run(_evaluate_all(records, sets, urls[config.time_scale], config))
+        asyncio.run(_evaluate_all(records, sets, eval_url, config))
         log(f"evaluation done in {time.monotonic() - eval_started:.0f}s")
     load = _load_report(machine_before, own_before, time.monotonic() - started)
     if load.get("foreign_cpu_share", 0.0) > 0.05:
@@ -330,6 +353,8 @@ def run_bench(
     document: dict[str, Any] = {
         "simulated": True,
         "label": "SIMULATED: Combee simulator (behaviour and latency model), not a real LLM",
+        "profile": config.profile if external is None else external.get("profile", "external"),
+        "merge_capacity_factors": list(config.merge_factors),
         "n_traces": config.n_traces,
         "seed": config.seeds[0],
         "seeds": list(config.seeds),
@@ -347,6 +372,8 @@ def run_bench(
         "simulator": _sim_settings(config, external),
         "runs": summary_runs,
         "summary": report.aggregate(summary_runs),
+        "merge_factors": report.factor_table(summary_runs),
+        "controllers": report.controller_table(summary_runs),
         "calibration": report.calibration(summary_runs, config.n_traces),
         "acceptance": [asdict(c) for c in checks],
     }
@@ -368,8 +395,13 @@ def _sim_settings(config: BenchConfig, external: dict[str, Any] | None) -> dict[
     from combee.sim.world import WORLDS, Behaviour
 
     if external is None:
-        sim = SimConfig(seed=config.sim_seed, time_scale=config.time_scale, max_concurrency=config.sim_max_concurrency)
-        settings = sim.model_dump()
+        fields: dict[str, Any] = {"seed": config.sim_seed, "time_scale": config.time_scale}
+        if config.profile == "unlimited":
+            fields["max_concurrency"] = config.sim_max_concurrency
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            if getattr(config, name) is not None:
+                fields[name] = getattr(config, name)
+        settings = SimConfig.for_profile(config.profile, **fields).model_dump()
     else:
         settings = external
     return {

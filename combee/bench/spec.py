@@ -26,6 +26,8 @@ __all__ = [
     "BenchConfig",
     "RunKind",
     "RunSpec",
+    "factor_label",
+    "parse_factor",
     "plan_runs",
 ]
 
@@ -36,6 +38,22 @@ PAPER_FORMULA_NAIVE: dict[int, int] = {1: 264, 5: 199, 10: 121, 20: 97, 50: 47, 
 
 UNBOUNDED_GROUP = 1_000_000
 """``max_group_items`` that never binds: the paper's k = factor·√n exactly (group-count ablation)."""
+
+
+def factor_label(factor: float | None) -> str:
+    """``1``, ``2``, ``0.5`` or ``unlimited``: a merge capacity factor as keys and tables spell it."""
+    return "unlimited" if factor is None else f"{factor:g}"
+
+
+def parse_factor(text: str) -> float | None:
+    """A merge capacity factor from its spelling (``unlimited``/``none``/``inf`` = None). Raises ValueError."""
+    text = text.strip().lower()
+    if text in ("unlimited", "none", "inf"):
+        return None
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"a merge capacity factor must be > 0 (or 'unlimited'), got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -52,7 +70,12 @@ class RunSpec:
     max_group_items: int = 24
     max_fan_in: int = 12
     auto_max: int = field(default_factory=lambda: BatchSizeController().bs_max)
+    auto_grid: tuple[int, ...] = field(default_factory=lambda: tuple(BatchSizeController().candidates))
     time_scale: float | None = None  # None: the bench's main time scale
+    # The simulator's merge law for this run (a merge of m proposals keeps ≤ factor·K(m); None: unlimited).
+    # Only Combee sends merge calls, so sequential and naive runs are planned once, at the first factor.
+    merge_factor: float | None = 1.0
+    shuffle_key: str = "none"  # the reduce's shape (combee.engine.SHUFFLE_KEYS): "none" is the paper's
 
     @property
     def key(self) -> str:
@@ -60,10 +83,16 @@ class RunSpec:
         parts = [self.method, f"b{self.batch_size}"]
         if self.method == "combee":
             parts += [f"p{self.p}", f"g{self.group_factor:g}"]
+            if self.batch_size == "auto" and self.auto_grid != tuple(BatchSizeController().candidates):
+                parts.append("t" + ".".join(str(b) for b in self.auto_grid))
             if self.max_group_items != 24:
                 parts.append(f"m{self.max_group_items}")
             if self.max_fan_in != 12:
                 parts.append(f"f{self.max_fan_in}")
+            if self.shuffle_key != "none":
+                parts.append(f"k{self.shuffle_key}")
+            if self.merge_factor != 1.0:
+                parts.append(f"mf{factor_label(self.merge_factor)}")
         parts += [f"s{self.seed}", f"n{self.n_traces}"]
         return "-".join(parts)
 
@@ -100,6 +129,7 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 5, 10, 20, 50, 100)
     methods: tuple[str, ...] = ("naive", "combee")
     auto: bool = True
+    auto_grids: tuple[tuple[int, ...], ...] = ((16, 32, 64),)  # the controller's profiling grids (one auto run each)
     sweep: bool = True
     ablations: bool = False
     ablation_batch: int = 100
@@ -107,6 +137,13 @@ class BenchConfig:
     scale_seeds: tuple[int, ...] = (1,)
     scale_time_scale: float | None = None
     time_scale: float = 0.15
+    # The serving profile of the simulator (combee.sim.serving.PROFILES) and the merge laws to compare; each
+    # training run gets a simulator of its own with that profile and factor, so runs never share a server.
+    profile: str = "gpu"
+    merge_factors: tuple[float | None, ...] = (1.0,)
+    shuffle_keys: tuple[str, ...] = ("none",)  # reduce shapes of the Combee runs at fixed batch sizes
+    requests_per_minute: int | None = None  # overrides of the profile's rate limits (None: the profile's)
+    tokens_per_minute: int | None = None
     base_url: str | None = None
     world: str = "formula"
     test_n: int = 400
@@ -133,6 +170,16 @@ class BenchConfig:
             raise ValueError("time scales must be >= 0")
         if self.scale_traces is not None and self.scale_traces < 2:
             raise ValueError("the scale run needs at least 2 traces")
+        from combee.sim.serving import PROFILES
+
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown serving profile {self.profile!r} (choose among {', '.join(PROFILES)})")
+        if not self.merge_factors or len(set(self.merge_factors)) != len(self.merge_factors):
+            raise ValueError("merge factors must be distinct, and at least one")
+        from combee.engine import SHUFFLE_KEYS
+
+        if not self.shuffle_keys or set(self.shuffle_keys) - set(SHUFFLE_KEYS):
+            raise ValueError(f"reduce shapes are among {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_keys}")
 
 
 QUICK = {"n_traces": 100, "seeds": (1,), "batch_sizes": (1, 25), "auto": False, "time_scale": 0.02, "test_n": 100}
@@ -148,15 +195,28 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
     """Every run of ``config``, in a stable order (sweep, ablations, scale; by seed within each)."""
     runs: list[RunSpec] = []
     n = config.n_traces
+    first = config.merge_factors[0]
     if config.sweep:
         for seed in config.seeds:
-            runs.append(RunSpec("sequential", 1, seed, n))
+            runs.append(RunSpec("sequential", 1, seed, n, merge_factor=first))
             for method in config.methods:
                 for b in config.batch_sizes:
                     if b > 1:
-                        runs.append(RunSpec(method, b, seed, n))  # type: ignore[arg-type]
+                        runs.append(RunSpec(method, b, seed, n, merge_factor=first))  # type: ignore[arg-type]
             if config.auto and "combee" in config.methods:
-                runs.append(RunSpec("combee", "auto", seed, n))
+                for grid in config.auto_grids:  # the controller with the first reduce shape
+                    shape = config.shuffle_keys[0]
+                    runs.append(
+                        RunSpec("combee", "auto", seed, n, merge_factor=first, shuffle_key=shape, auto_grid=grid)
+                    )
+            # the other merge laws and reduce shapes: only Combee's runs depend on them
+            for factor in config.merge_factors:
+                for shape in config.shuffle_keys:
+                    if "combee" not in config.methods or (factor == first and shape == "none"):
+                        continue
+                    for b in config.batch_sizes:
+                        if b > 1:
+                            runs.append(RunSpec("combee", b, seed, n, merge_factor=factor, shuffle_key=shape))
     if config.ablations:
         b = config.ablation_batch
         for seed in config.seeds:
@@ -177,6 +237,7 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
         for seed in config.scale_seeds:
             runs.append(RunSpec("sequential", 1, seed, big, kind="scale", time_scale=config.scale_time_scale))
             runs.append(RunSpec("combee", big, seed, big, kind="scale", time_scale=config.scale_time_scale))
+    runs = [r if r.kind == "sweep" else replace(r, merge_factor=first) for r in runs]
     keys = [r.key for r in runs]
     if len(keys) != len(set(keys)):  # pragma: no cover - a planning bug
         raise AssertionError("duplicate runs planned")

@@ -10,8 +10,10 @@ from the plans the engine executed. Evaluation and ground-truth scoring happen l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,29 +21,95 @@ from combee.bench.spec import RunSpec
 from combee.controller import BatchSizeController
 from combee.engine import Method, MethodConfig
 from combee.learner import LearnConfig, LearnResult, learn
-from combee.llm import LLM, ChatRequest, ChatResponse
+from combee.llm import LLM, ChatRequest, ChatResponse, Role
 from combee.llm_openai import EndpointConfig, OpenAILLM
 from combee.playbook import playbook_tokens
 from combee.tracefile import read_traces
 
-__all__ = ["InFlightProbe", "plan_checks", "train"]
+__all__ = ["InFlightProbe", "SentCall", "plan_checks", "sent_checks", "train"]
+
+_ITEM_BLOCKS = {Role.CURATOR: "reflections", Role.MERGER: "proposals"}
+
+
+@dataclass(frozen=True)
+class SentCall:
+    """One consolidating request as it was sent: its role, how many items its data block held, and when it
+    was in flight (client monotonic seconds)."""
+
+    role: Role
+    items: int
+    started: float
+    ended: float
+
+
+def _items_in(request: ChatRequest) -> int:
+    block = _ITEM_BLOCKS.get(request.role)
+    if block is None:
+        return 0
+    user = "\n".join(m.content for m in request.messages if m.role == "user")
+    found = re.search(rf"<{block}>\n(.*?)\n</{block}>", user, re.DOTALL)
+    return sum(1 for line in found.group(1).splitlines() if line.strip()) if found else 0
 
 
 class InFlightProbe:
-    """An :class:`~combee.llm.LLM` wrapper that records how many calls were in flight at most."""
+    """An :class:`~combee.llm.LLM` wrapper that records how many calls were in flight at most, and every
+    request as it was sent (with the item count of consolidating ones), for :func:`sent_checks`."""
 
-    def __init__(self, inner: LLM) -> None:
+    def __init__(self, inner: LLM, clock: Any = time.monotonic) -> None:
         self.inner = inner
         self.in_flight = 0
         self.max_in_flight = 0
+        self.sent: list[SentCall] = []
+        self._clock = clock
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        started = self._clock()
         try:
             return await self.inner.complete(request)
         finally:
             self.in_flight -= 1
+            self.sent.append(SentCall(request.role, _items_in(request), started, self._clock()))
+
+
+def sent_checks(sent: list[SentCall]) -> dict[str, Any]:
+    """The reduce's shape as the requests actually sent show it: items per curator call, proposals per merge
+    call, and the depth (curator level + merge levels). Consolidating calls separated by other calls (a map
+    stage) belong to different windows."""
+    calls = sorted(sent, key=lambda c: c.started)
+    curator = [c.items for c in calls if c.role is Role.CURATOR]
+    merger = [c.items for c in calls if c.role is Role.MERGER]
+    # Depth = 1 (the curator level) + merge levels, a new merge level starting with a merge call sent after every
+    # merge call of the level before it had come back. Exact for one tree per window; for a keyed reduce, whose
+    # sections run side by side, a section's merge that ends before another's starts counts as a deeper level.
+    depth = 0
+    levels = 0
+    level_end = -1.0
+    previous: Role | None = None
+    for call in calls:
+        if call.role not in _ITEM_BLOCKS:
+            previous = call.role
+            continue
+        if call.role is Role.CURATOR:
+            if previous not in (Role.CURATOR, Role.MERGER):
+                levels, level_end = 1, -1.0  # a new window's reduce (after its map stage)
+        elif call.started >= level_end:
+            levels += 1
+            level_end = call.ended
+        else:
+            level_end = max(level_end, call.ended)
+        depth = max(depth, levels)
+        previous = call.role
+    return {
+        "curator_calls_sent": len(curator),
+        "merge_calls_sent": len(merger),
+        "max_items_per_curator_call": max(curator, default=0),
+        "max_proposals_per_merge_call": max(merger, default=0),
+        "mean_items_per_curator_call": sum(curator) / len(curator) if curator else 0.0,
+        "mean_proposals_per_merge_call": sum(merger) / len(merger) if merger else 0.0,
+        "max_depth_sent": depth,
+    }
 
 
 def method_config(spec: RunSpec) -> MethodConfig:
@@ -51,6 +119,7 @@ def method_config(spec: RunSpec) -> MethodConfig:
         max_group_items=spec.max_group_items,
         max_fan_in=spec.max_fan_in,
         group_factor=spec.group_factor,
+        shuffle_key=spec.shuffle_key,
     )
 
 
@@ -61,6 +130,8 @@ def plan_checks(spec: RunSpec, result: LearnResult) -> dict[str, Any]:
     records, so this is exactly what the engine ran. Also cross-checks the call counts against the plans.
     """
     config = method_config(spec)
+    if spec.shuffle_key != "none":  # a keyed plan depends on the reflections' keys: see the sent checks
+        return {"keyed": spec.shuffle_key}
     groups = merges = max_items = max_reflections = max_fan_in = depth = 0
     max_k = 0
     for it in result.iterations:
@@ -90,7 +161,9 @@ def plan_checks(spec: RunSpec, result: LearnResult) -> dict[str, Any]:
     }
 
 
-async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: int, timeout_s: float) -> dict:
+async def _train(
+    spec: RunSpec, base_url: str, traces_path: str, concurrency: int, timeout_s: float, sim_config: dict[str, Any]
+) -> dict:
     traces = read_traces(Path(traces_path)).traces[: spec.n_traces]
     client = OpenAILLM(
         EndpointConfig(
@@ -101,7 +174,9 @@ async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: in
         )
     )
     probe = InFlightProbe(client)
-    controller = BatchSizeController(bs_max=spec.auto_max) if spec.batch_size == "auto" else None
+    controller = (
+        BatchSizeController(candidates=spec.auto_grid, bs_max=spec.auto_max) if spec.batch_size == "auto" else None
+    )
     config = LearnConfig(method=method_config(spec), batch_size=spec.batch_size, controller=controller)
     cpu_started = time.process_time()
     try:
@@ -117,18 +192,25 @@ async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: in
             "completion_tokens": s.completion_tokens,
             "parse_failures": s.parse_failures,
             "max_prompt_tokens": s.max_prompt_tokens,
+            "cached_prompt_tokens": s.cached_prompt_tokens,
         }
         for role, s in sorted(meter.roles.items())
     }
+    cached_prompt_tokens = meter.usage.cached_prompt_tokens
     return {
         "key": spec.key,
         "config_key": spec.config_key,
         **asdict(spec),
+        "sim_config": sim_config,
         "wall_s": result.wall_s,
         "critical_path_s": result.critical_path_s,
         "llm_calls": meter.calls,
         "prompt_tokens": meter.usage.prompt_tokens,
         "completion_tokens": meter.usage.completion_tokens,
+        "cached_prompt_tokens": cached_prompt_tokens,
+        "cached_share": cached_prompt_tokens / meter.usage.prompt_tokens if meter.usage.prompt_tokens else 0.0,
+        "paced_s": client.stats.paced_s,
+        "rate_limited_retries": client.stats.retries.get("rate_limited", 0),
         "roles": roles,
         "playbook_entries": len(result.playbook.bullets),
         "playbook_tokens": playbook_tokens(result.playbook),
@@ -142,7 +224,7 @@ async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: in
         "simulated": bool(meter.simulated and not meter.real),
         "client_cpu_s": cpu_s,
         "max_in_flight": probe.max_in_flight,
-        "plan": plan_checks(spec, result),
+        "plan": {**plan_checks(spec, result), **sent_checks(probe.sent)},
         "controller": result.decision.as_dict() if result.decision is not None else None,
         "per_iteration": [
             {
@@ -160,9 +242,39 @@ async def _train(spec: RunSpec, base_url: str, traces_path: str, concurrency: in
     }
 
 
-def train(spec: RunSpec, base_url: str, traces_path: str, concurrency: int = 256, timeout_s: float = 600.0) -> dict:
+def train(
+    spec: RunSpec,
+    base_url: str | None,
+    traces_path: str,
+    concurrency: int = 256,
+    timeout_s: float = 600.0,
+    sim_config_json: str | None = None,
+) -> dict:
     """Run ``spec`` against the OpenAI-compatible endpoint at ``base_url``; see the module docstring.
+
+    With ``base_url`` None, the run starts a simulator of its own (``sim_config_json``, the Combee world) for
+    its duration, so no other run shares its server (throughput, rate limits, prefix cache). The record's
+    ``sim_config`` is the simulator's profile, merge capacity factor and time scale.
 
     Raises the LLM layer's errors if the endpoint stays down (the orchestrator reports the run as failed).
     """
-    return asyncio.run(_train(spec, base_url, traces_path, concurrency, timeout_s))
+    from combee.sim.config import SimConfig
+    from combee.sim.runner import SimProcess
+
+    with contextlib.ExitStack() as stack:
+        described: dict[str, Any] = {}
+        if sim_config_json is not None:
+            config = SimConfig.model_validate_json(sim_config_json)
+            described = {
+                "profile": config.profile,
+                "merge_capacity_factor": config.merge_capacity_factor,
+                "time_scale": config.time_scale,
+                "requests_per_minute": config.requests_per_minute,
+                "tokens_per_minute": config.tokens_per_minute,
+                "shared_throughput": config.shared_throughput,
+            }
+        if base_url is None:
+            if sim_config_json is None:
+                raise ValueError("train() needs a base_url or a simulator config")
+            base_url = stack.enter_context(SimProcess(config, world="combee", quiet=True)).base_url
+        return asyncio.run(_train(spec, base_url, traces_path, concurrency, timeout_s, described))

@@ -50,6 +50,20 @@ class SimConfig(BaseModel):
 
     max_concurrency: int = Field(default=256, ge=1)
 
+    # Serving (combee.sim.serving): a named profile presets these; see SimConfig.for_profile.
+    profile: str = "unlimited"
+    # Continuous batching: when both are set, the requests in flight share these aggregate rates (tokens per
+    # simulated second) instead of each being served at single-stream speed; decode_tokens_per_s caps a stream.
+    prefill_tokens_per_s_total: float | None = Field(default=None, gt=0.0)
+    decode_tokens_per_s_total: float | None = Field(default=None, gt=0.0)
+    # A hosted tier's limits: 429 + Retry-After beyond them, x-ratelimit-* headers on every answer.
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    # Prefix caching: cached prompt tokens skip prefill and are reported in usage.prompt_tokens_details.
+    prefix_cache: bool = True
+    prefix_block_tokens: int = Field(default=16, ge=1)
+    prefix_min_tokens: int = Field(default=0, ge=0)
+
     # Faults: per-request probabilities, drawn from a fault rng that also mixes in a request counter.
     fault_500_rate: float = _Rate
     fault_429_rate: float = _Rate
@@ -61,12 +75,34 @@ class SimConfig(BaseModel):
 
     models: tuple[str, ...] = ("combee-sim",)
 
+    # The world model's one knob a benchmark varies per run (combee.sim.world.Behaviour): a merge call shown m
+    # proposals writes at most merge_capacity_factor · K(m), K being the curator's capacity law. 1 = a merge
+    # overloads exactly like a curator call; None = unlimited (no overload in merges).
+    merge_capacity_factor: float | None = Field(default=1.0, gt=0.0)
+
     @model_validator(mode="after")
     def _rates_are_a_distribution(self) -> SimConfig:
         total = self.fault_rate_total
         if total > 1.0 + 1e-9:
             raise ValueError(f"fault rates sum to {total:.4f}; they must sum to at most 1")
         return self
+
+    @classmethod
+    def for_profile(cls, profile: str, **fields: Any) -> SimConfig:
+        """The config of a named serving profile (:data:`combee.sim.serving.PROFILES`), ``fields`` overriding it.
+
+        Raises ``ValueError`` for an unknown profile.
+        """
+        from combee.sim.serving import PROFILES
+
+        if profile not in PROFILES:
+            raise ValueError(f"unknown serving profile {profile!r} (choose among {', '.join(PROFILES)})")
+        return cls.model_validate({**PROFILES[profile], **fields})
+
+    @property
+    def shared_throughput(self) -> bool:
+        """True when requests in flight share aggregate prefill/decode throughput (continuous batching)."""
+        return self.prefill_tokens_per_s_total is not None and self.decode_tokens_per_s_total is not None
 
     @property
     def any_fault_rate(self) -> bool:

@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 from combee.llm import ChatRequest, ChatResponse, Usage
+from combee.sim.generic import generic_answer, within_contract
 from combee.sim.protocol import Responder, SimRequest
 from combee.tokens import estimate_tokens
 
@@ -89,9 +90,12 @@ class InProcessSim:
             temperature=request.temperature,
             seed=request.seed,
         )
-        text = self.responder.respond(sim_request, rng)
-        if text is None:
-            text = "{}"
+        # The request's contract before the world model, as the HTTP server does (combee.sim.generic).
+        said = self.responder.respond(sim_request, rng)
+        answer = within_contract(sim_request, said, rng) if said is not None else None
+        if answer is None:
+            answer = generic_answer(sim_request, rng)
+        text = answer.completion_text
         prompt_tokens = sum(estimate_tokens(m.content) + 4 for m in request.messages)
         completion_tokens = estimate_tokens(text)
         jitter = rng.lognormvariate(0.0, 0.1)

@@ -72,7 +72,7 @@ class NullResponder:
 def _combee_world(config: SimConfig) -> Responder:
     from combee.sim.world import Behaviour, WorldResponder
 
-    return WorldResponder(Behaviour(seed=config.seed))
+    return WorldResponder(Behaviour(seed=config.seed, merge_capacity_factor=config.merge_capacity_factor))
 
 
 RESPONDERS: dict[str, Callable[[SimConfig], Responder]] = {
@@ -377,6 +377,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see the ready line)")
     parser.add_argument("--world", default="none", help="responder: a RESPONDERS name or 'module:factory'")
     parser.add_argument("--config-json", help="a full SimConfig as JSON; the flags below override it")
+    parser.add_argument(
+        "--profile", help="a serving profile (unlimited, gpu, api, cpu) preset before --config-json and the flags"
+    )
+    parser.add_argument(
+        "--merge-capacity-factor",
+        help="a merge of m proposals keeps at most factor x K(m) (K: the curator's law); 'unlimited' for none",
+    )
     for flag, dest, kind in _FLAG_FIELDS:
         parser.add_argument(flag, dest=dest, type=kind, default=None)
     parser.add_argument("--outage", action="store_true", default=None, help="start with the outage switch on")
@@ -391,7 +398,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(args: argparse.Namespace) -> SimConfig:
-    base: dict[str, Any] = json.loads(args.config_json) if args.config_json else {}
+    base: dict[str, Any] = {}
+    if args.profile:
+        from combee.sim.serving import PROFILES
+
+        if args.profile not in PROFILES:
+            raise SimStartupError(f"unknown serving profile {args.profile!r} (choose among {', '.join(PROFILES)})")
+        base.update(PROFILES[args.profile])
+    if args.config_json:
+        base.update(json.loads(args.config_json))
+    if args.merge_capacity_factor is not None:
+        factor = args.merge_capacity_factor
+        base["merge_capacity_factor"] = None if factor in ("unlimited", "none", "inf") else float(factor)
     for _, dest, _ in _FLAG_FIELDS:
         value = getattr(args, dest)
         if value is not None:

@@ -25,10 +25,13 @@ One completion, in order:
 3. Faults (:mod:`combee.sim.faults`) are drawn from a separate rng that also mixes in a request counter.
    500, 429 and timeout faults are served without taking a concurrency slot (a front-end failure). The
    timeout hang and the Retry-After hint are multiplied by ``time_scale`` like every simulated delay.
-4. Content: ``responder.respond(request, rng)``; if it returns None (or there is no responder), a generic
-   answer (:mod:`combee.sim.generic`). A responder that raises gets a 500 with the exception text (and a
-   log line) — a world-model bug should be loud. Then the malformed-content fault, then ``max_tokens``
-   truncation (``finish_reason="length"``; truncated JSON stays broken).
+4. Content: ``responder.respond(request, rng)``, kept only if it honours the request's contract
+   (:func:`combee.sim.generic.within_contract`: a forced tool call gets a tool call, ``response_format`` gets
+   JSON fitting its schema); if it returns None, breaks the contract (counted as ``contract_over_world`` in
+   ``answered_by``) or there is no responder, a generic answer (:mod:`combee.sim.generic`). A responder
+   that raises gets a 500 with the exception text (and a log line) — a world-model bug should be loud. Then
+   the malformed-content fault, then ``max_tokens`` truncation
+   (``finish_reason="length"``; truncated JSON stays broken).
 5. Usage: ``prompt_tokens`` = Σ over messages of (``estimate_tokens`` of its text — content string or text
    parts, plus tool-call names and arguments — + :data:`PER_MESSAGE_TOKENS`), as :mod:`combee.sim.inproc`;
    ``completion_tokens`` = ``estimate_tokens`` of the content or of the tool calls' arguments.
@@ -66,10 +69,11 @@ from combee.sim.generic import (
     generic_answer,
     requested_schema,
     truncate_answer,
-    wants_json,
+    within_contract,
 )
-from combee.sim.latency import ServiceTime, service_breakdown
+from combee.sim.latency import ServiceTime, draw_jitter, service_breakdown
 from combee.sim.protocol import Responder, SimRequest
+from combee.sim.serving import Admission, PrefixCache, RateLimiter, SharedThroughput, format_duration
 from combee.tokens import estimate_tokens
 
 __all__ = [
@@ -145,6 +149,27 @@ class SimState:
         self.config = config
         self.responder = responder
         self.slots = FifoSlots(config.max_concurrency)
+        self.prefix = (
+            PrefixCache(config.prefix_block_tokens, min_tokens=config.prefix_min_tokens)
+            if config.prefix_cache
+            else None
+        )
+        limited = config.requests_per_minute is not None or config.tokens_per_minute is not None
+        self.limiter = (
+            RateLimiter(config.requests_per_minute or 10**9, config.tokens_per_minute or 10**12)
+            if limited and config.time_scale > 0
+            else None
+        )
+        self.engine = (
+            SharedThroughput(
+                config.prefill_tokens_per_s_total or 1.0,
+                config.decode_tokens_per_s_total or 1.0,
+                config.decode_tokens_per_s,
+                config.time_scale,
+            )
+            if config.shared_throughput
+            else None
+        )
         self.counter = 0  # never reset: it feeds the fault rng
         self.in_flight = 0
         self.started = time.monotonic()
@@ -161,7 +186,9 @@ class SimState:
         self.queue_s = 0.0
         self.responder_s = 0.0
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
         self.completion_tokens = 0
+        self.rate_limited = 0
         self.cpu_mark = time.process_time()
         self.wall_mark = time.monotonic()
 
@@ -181,7 +208,10 @@ class SimState:
             "service_s_total": self.service_s,
             "queue_s_total": self.queue_s,
             "responder_s_total": self.responder_s,
+            "profile": self.config.profile,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "rate_limited": self.rate_limited,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "cpu_s": time.process_time() - self.cpu_mark,
@@ -203,6 +233,7 @@ class _Chat:
     stream: bool
     include_usage: bool
     prompt_tokens: int
+    prompt_text: str
 
 
 def request_digest(seed: int, body: Mapping[str, Any]) -> bytes:
@@ -274,8 +305,11 @@ def _decode_chat(body: Any) -> _Chat:
         temperature=float(temperature) if isinstance(temperature, int | float) else None,
         seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
     )
-    prompt_tokens = sum(estimate_tokens(_message_text(m)) + PER_MESSAGE_TOKENS for m in messages)
-    return _Chat(request, stream, include_usage, prompt_tokens)
+    texts = [_message_text(m) for m in messages]
+    prompt_tokens = sum(estimate_tokens(t) + PER_MESSAGE_TOKENS for t in texts)
+    # what prefix caching compares: the messages in order, each with its role (a chat template's layout)
+    prompt_text = "".join(f"<|{m.get('role')}|>{t}" for m, t in zip(messages, texts, strict=True))
+    return _Chat(request, stream, include_usage, prompt_tokens, prompt_text)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -308,6 +342,18 @@ def _message(answer: Answer) -> dict[str, Any]:
             for c in answer.tool_calls
         ]
     return message
+
+
+def _rate_headers(admission: Admission, time_scale: float) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers (reset times scaled by ``time_scale`` like every simulated delay)."""
+    return {
+        "x-ratelimit-limit-requests": str(admission.limit_requests),
+        "x-ratelimit-remaining-requests": str(admission.remaining_requests),
+        "x-ratelimit-reset-requests": format_duration(admission.reset_requests_s * time_scale),
+        "x-ratelimit-limit-tokens": str(admission.limit_tokens),
+        "x-ratelimit-remaining-tokens": str(admission.remaining_tokens),
+        "x-ratelimit-reset-tokens": format_duration(admission.reset_tokens_s * time_scale),
+    }
 
 
 def _timing_headers(service: ServiceTime, queue_s: float) -> dict[str, str]:
@@ -355,6 +401,25 @@ class _Completion:
                 state.faults[fault.value] += 1
                 return await self._fault_response(fault)
 
+        limit_headers: dict[str, str] = {}
+        if state.limiter is not None:
+            loop_now = asyncio.get_running_loop().time()
+            admission = state.limiter.admit(
+                chat.prompt_tokens + (request.max_tokens or 0), loop_now / config.time_scale
+            )
+            limit_headers = _rate_headers(admission, config.time_scale)
+            if not admission.admitted:
+                state.rate_limited += 1
+                wait = admission.retry_after_s * config.time_scale
+                hint = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": f"{wait * 1000.0:.3f}"}
+                return _error(
+                    429,
+                    "simulated rate limit (requests or tokens per minute): retry after the indicated delay",
+                    "requests" if admission.remaining_requests < 1 else "tokens",
+                    code="rate_limit_exceeded",
+                    headers={**limit_headers, **hint},
+                )
+
         rng = random.Random(int.from_bytes(digest[:8], "big"))
         try:
             answer = self._answer(request, rng)
@@ -370,29 +435,46 @@ class _Completion:
             state.faults[how.value] += 1
         answer = truncate_answer(answer, request.max_tokens)
         completion_tokens = estimate_tokens(answer.completion_text)
+        cached = state.prefix.admit(chat.prompt_text, chat.prompt_tokens) if state.prefix is not None else 0
         # The jitter is drawn from the request rng after the content, as combee.sim.inproc does.
-        service = service_breakdown(config, chat.prompt_tokens, completion_tokens, rng)
+        if state.engine is None:
+            service = service_breakdown(config, chat.prompt_tokens - cached, completion_tokens, rng)
+        else:
+            jitter = draw_jitter(rng, config.jitter_sigma)
 
         loop = asyncio.get_running_loop()
         arrived = loop.time()
         await state.slots.acquire()
         try:
             queue_s = loop.time() - arrived
+            if state.engine is not None:  # continuous batching: the service time depends on who else is in flight
+                overhead = config.ttft_s * jitter * config.time_scale
+                if overhead > 0.0:
+                    await asyncio.sleep(overhead)
+                first, total = await state.engine.serve(
+                    (chat.prompt_tokens - cached) * jitter, completion_tokens * jitter
+                )
+                service = ServiceTime(overhead + first, total - first, overhead + total)
             state.queue_s += queue_s
             state.service_s += service.total_s
             state.prompt_tokens += chat.prompt_tokens
+            state.cached_prompt_tokens += cached
             state.completion_tokens += completion_tokens
             state.answered_by[answer.source] += 1
             state.finish_reasons[answer.finish_reason] += 1
-            usage = {
+            usage: dict[str, Any] = {
                 "prompt_tokens": chat.prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": chat.prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached},
             }
             ident = f"chatcmpl-sim-{digest[:6].hex()}{self.counter:06x}"
+            served = state.engine is not None  # the engine has already spent the service time
             if chat.stream:
-                return await self._stream(ident, request.model, answer, usage, chat.include_usage, service, queue_s)
-            if service.total_s > 0.0:
+                return await self._stream(
+                    ident, request.model, answer, usage, chat.include_usage, service, queue_s, limit_headers, served
+                )
+            if service.total_s > 0.0 and not served:
                 await asyncio.sleep(service.total_s)
         finally:
             state.slots.release()
@@ -412,7 +494,7 @@ class _Completion:
             ],
             "usage": usage,
         }
-        return _json_response(200, payload, _timing_headers(service, queue_s))
+        return _json_response(200, payload, {**_timing_headers(service, queue_s), **limit_headers})
 
     def _answer(self, request: SimRequest, rng: random.Random) -> Answer:
         responder = self.state.responder
@@ -421,8 +503,12 @@ class _Completion:
             text = responder.respond(request, rng)
             self.state.responder_s += time.perf_counter() - began
             if text is not None:
-                fmt = request.response_format
-                return Answer(content=text, schema=requested_schema(fmt), is_json=wants_json(fmt), source="responder")
+                answer = within_contract(request, text, rng)
+                if answer is not None:
+                    return answer
+                # The world model recognised the prompt but its answer breaks what the request demands (a
+                # forced tool call, another client's schema): the contract wins, as a constrained model's would.
+                self.state.answered_by["contract_over_world"] += 1
         return generic_answer(request, rng)
 
     async def _fault_response(self, fault: FaultKind) -> web.Response:
@@ -447,12 +533,14 @@ class _Completion:
         ident: str,
         model: str,
         answer: Answer,
-        usage: dict[str, int],
+        usage: dict[str, Any],
         include_usage: bool,
         service: ServiceTime,
         queue_s: float,
+        extra_headers: Mapping[str, str],
+        served: bool,
     ) -> web.StreamResponse:
-        headers = _timing_headers(service, queue_s)
+        headers = {**_timing_headers(service, queue_s), **extra_headers}
         headers["Content-Type"] = "text/event-stream"
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=200, headers=headers)
@@ -477,9 +565,9 @@ class _Completion:
 
         text = answer.tool_calls[0].arguments if answer.tool_calls else (answer.content or "")
         pieces = _pieces(text, min(16, max(1, math.ceil(usage["completion_tokens"] / 8))))
-        pause = service.decode_s / len(pieces) if pieces else 0.0
+        pause = service.decode_s / len(pieces) if pieces and not served else 0.0
         with contextlib.suppress(ConnectionError):
-            if service.first_token_s > 0.0:
+            if service.first_token_s > 0.0 and not served:
                 await asyncio.sleep(service.first_token_s)
             if answer.tool_calls:
                 call = answer.tool_calls[0]
@@ -499,7 +587,7 @@ class _Completion:
                     await response.write(delta({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
                 else:
                     await response.write(delta({"content": piece}))
-            if not pieces and pause == 0.0 and service.decode_s > 0.0:
+            if not pieces and pause == 0.0 and service.decode_s > 0.0 and not served:
                 await asyncio.sleep(service.decode_s)
             await response.write(delta({}, answer.finish_reason))
             if include_usage:

@@ -18,7 +18,10 @@ documented in ``docs/simulator.md``; in short:
   spare it re-adds known insights in other words (``near_dup_prob``) or refines them (``update_prob``).
 * **Merger (select).** Shown proposed operations, it keeps one operation per new insight (combining repeats),
   drops most re-statements of insights the playbook already has, keeps distinct generic tips and valid
-  UPDATE/REMOVEs, each with probability ``merge_keep`` — selection is easy, so it keeps most.
+  UPDATE/REMOVEs, each with probability ``merge_keep``. A merge consolidates items too, so the curator's
+  overload law applies to it: shown m proposals it keeps at most ``merge_capacity_factor · K(m)`` of them
+  (most-repeated new insights first; overloaded, a generic tip first). Factor 1 = a merge overloads exactly
+  like a curator call; ``None`` = unlimited (the merger of issue 3, which kept ~97 % of proposals).
 * **Generator.** Answers a test task correctly with probability ``informed_accuracy`` when the system prompt
   contains the task's insight key, ``base_accuracy`` otherwise (common random numbers per task).
 
@@ -99,6 +102,9 @@ class Behaviour:
     update_prob: float = 0.1
     merge_keep: float = 0.97
     merge_known_keep: float = 0.15
+    # One overload law for every consolidating call: a merger shown m proposals writes at most
+    # merge_capacity_factor · capacity(m). 1 = a merge overloads exactly like a curator call; None = unlimited.
+    merge_capacity_factor: float | None = 1.0
     # calibrated to the paper's Formula accuracies: sequential 87.0, naive batch 100 72.5 (docs/simulator.md)
     base_accuracy: float = 0.66
     informed_accuracy: float = 0.88
@@ -118,6 +124,14 @@ class Behaviour:
                 t = (x - x0) / (x1 - x0)
                 return float(math.exp(math.log(k0) + t * (math.log(k1) - math.log(k0))))
         return pts[-1][1]
+
+    def consolidation_capacity(self, m: int, factor: float | None, rng: random.Random) -> float:
+        """How many items a call consolidating ``m`` items may write: ``factor · capacity(m)``, stochastically
+        rounded (one draw from ``rng``); ``inf`` when ``factor`` is None (no overload). The one law for the
+        curator (factor 1) and the merger (factor ``merge_capacity_factor``)."""
+        if factor is None:
+            return math.inf
+        return float(_stochastic_round(factor * self.capacity(m), rng))
 
     def drifts_generic(self, m: int, u: float) -> bool:
         """An overloaded curator of ``m`` reflections writes a generic tip first with prob m/(m+drift_m)."""
@@ -449,7 +463,7 @@ class WorldResponder:
                     entry["mentions"] += 1
                 elif content and content not in known_text:
                     generic.setdefault(content, str(ins.get("section") or "verification"))
-        capacity = _stochastic_round(b.capacity(len(reflections)), rng)
+        capacity = b.consolidation_capacity(len(reflections), 1.0, rng)
         novel = [k for k in specific if k not in known]
         rng.shuffle(novel)
         novel.sort(key=lambda k: -specific[k]["mentions"])  # stable: ties stay in random order
@@ -485,8 +499,10 @@ class WorldResponder:
         bullets = _playbook_bullets(user)
         known_keys = {k for bl in bullets for k in bl.keys}
         bullet_ids = {bl.id for bl in bullets}
+        capacity = b.consolidation_capacity(len(proposals), b.merge_capacity_factor, rng)
         by_key: dict[str, list[str]] = {}
-        keep: list[str] = []
+        generic: list[str] = []
+        edits: list[str] = []
         seen_text: set[str] = set()
         for p in proposals:
             pid, kind = str(p.get("id", "")), str(p.get("op", "")).upper()
@@ -498,15 +514,31 @@ class WorldResponder:
                 elif content not in seen_text:
                     seen_text.add(content)
                     if rng.random() < b.merge_keep:
-                        keep.append(pid)
+                        generic.append(pid)
             elif kind in ("UPDATE", "REMOVE") and p.get("bullet_id") in bullet_ids and rng.random() < b.merge_keep:
-                keep.append(pid)
+                edits.append(pid)
+        novel: list[tuple[int, str]] = []  # (mentions, id)
+        restated: list[str] = []
         for key, ids in by_key.items():
             keep_prob = b.merge_known_keep if key in known_keys else b.merge_keep
             if rng.random() < keep_prob:
                 # Repeats of one insight are phrasings of the same rule: the prompt asks to keep the most
                 # specific one by id (they are equally specific here, so the first) rather than restate it.
-                keep.append(ids[0])
+                if key in known_keys:
+                    restated.append(ids[0])
+                else:
+                    novel.append((len(ids), ids[0]))
+        # The same overload law as the curator's: within capacity, the most-repeated new insights first; an
+        # overloaded call (more new candidates than it can write) first keeps one generic tip.
+        rng.shuffle(novel)
+        novel.sort(key=lambda item: -item[0])  # stable: ties stay in random order
+        keep: list[str] = []
+        if len(novel) + len(generic) > capacity and generic and b.drifts_generic(len(proposals), rng.random()):
+            keep.append(generic.pop(0))
+        for pid in [pid for _, pid in novel] + generic + edits + restated:
+            if len(keep) >= capacity:
+                break
+            keep.append(pid)
         return json.dumps({"keep": keep, "combine": []})
 
     def _generate(self, system: str, task_block: str) -> str:

@@ -152,3 +152,16 @@ def test_markdown_is_labelled_simulated_and_has_a_row_per_configuration() -> Non
     assert text.count("| combee |") == 6 and text.count("| naive |") == 5 and "| sequential |" in text
     assert "30.0×" in text  # Combee b100's speed-up over sequential
     assert "| 100 | 21 | 21 |" in text  # calibration row
+
+
+def test_calibration_validation_reports_the_held_out_worlds_error_without_refitting() -> None:
+    from combee.bench.calibration import PAPER_FINER, markdown, validate
+
+    doc = validate(seeds=(1,), n=40, test_n=20)
+    finer = doc["finer"]
+    assert finer["role"].startswith("prediction")
+    assert set(finer["entries"]) == {str(b) for b in PAPER_FINER["entries"]}
+    for row in finer["entries"].values():
+        assert row["error"] == row["simulated"] - row["paper"]
+    assert finer["mean_abs_accuracy_error_points"] >= 0
+    assert "| finer | prediction" in markdown(doc)

@@ -94,3 +94,32 @@ def test_plan_checks_of_the_paper_scheme() -> None:
     checks = plan_checks(spec, result)
     assert checks["max_level1_groups"] == 10 and checks["max_tree_depth"] == 2 and checks["max_fan_in_seen"] == 10
     assert checks["max_group_items_seen"] == 20
+
+
+def test_sent_checks_read_the_reduce_shape_from_the_requests_sent() -> None:
+    from combee.bench.worker import SentCall, sent_checks
+    from combee.llm import Role
+
+    R, C, M = Role.REFLECTOR, Role.CURATOR, Role.MERGER
+    calls = [
+        # window 1: map, 3 curator calls at once, 1 merge level
+        SentCall(R, 0, 0.0, 1.0),
+        SentCall(R, 0, 0.0, 1.0),
+        SentCall(C, 10, 1.0, 2.0),
+        SentCall(C, 10, 1.0, 2.5),
+        SentCall(C, 8, 1.1, 2.2),
+        SentCall(M, 9, 2.5, 3.0),
+        # window 2: two merge levels
+        SentCall(R, 0, 3.0, 4.0),
+        SentCall(C, 12, 4.0, 5.0),
+        SentCall(C, 12, 4.0, 5.0),
+        SentCall(M, 6, 5.0, 6.0),
+        SentCall(M, 7, 5.0, 6.0),
+        SentCall(M, 4, 6.0, 7.0),
+    ]
+    checks = sent_checks(calls)
+    assert checks["max_items_per_curator_call"] == 12 and checks["max_proposals_per_merge_call"] == 9
+    assert checks["curator_calls_sent"] == 5 and checks["merge_calls_sent"] == 4
+    assert checks["max_depth_sent"] == 3
+    sequential = [SentCall(role, 1 if role is C else 0, float(i), i + 0.5) for i, role in enumerate([R, C] * 5)]
+    assert sent_checks(sequential)["max_depth_sent"] == 1

@@ -89,3 +89,16 @@ def test_rejects_bad_config():
         BatchSizeController(candidates=())
     with pytest.raises(ValueError):
         BatchSizeController(bs_min=10, bs_max=5)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.8, 1.0])
+def test_the_choice_does_not_depend_on_the_profiling_grid(alpha):
+    choices = []
+    for grid in ((16, 32, 64), (8, 24, 72), (10, 20, 40)):
+        ctl = BatchSizeController(candidates=grid, bs_min=1, bs_max=1000)
+        for b in grid:
+            ctl.observe(b, 5 * b**-alpha * b)
+        choices.append(ctl.decide().batch_size)
+    assert max(choices) - min(choices) <= 1
+    # anchored at bs 8, realistic alphas land near the paper's 64-94
+    assert 55 <= choices[0] <= 110

@@ -225,3 +225,19 @@ async def test_requests_are_sized_to_the_context_the_llm_reports():
     for r in llm.requests:
         assert prompt_tokens(m.content for m in r.messages) + r.max_tokens + MARGIN_TOKENS <= 4096
     assert {r.max_tokens for r in llm.calls(Role.CURATOR)} != {4000}
+
+
+async def test_a_keyed_reduce_sends_each_section_to_its_own_calls_and_unites_them() -> None:
+    from combee.engine import Method, MethodConfig
+    from combee.learner import LearnConfig, learn
+    from combee.models import Trace
+    from combee.sim.inproc import InProcessSim
+    from combee.sim.world import Behaviour, WorldResponder, generate_traces
+
+    traces, _, _ = generate_traces(60, 3, namespace="t")
+    llm = InProcessSim(WorldResponder(Behaviour()))
+    config = LearnConfig(method=MethodConfig(method=Method.COMBEE, shuffle_key="section-union"), batch_size=60)
+    result = await learn([Trace.model_validate(t) for t in traces], llm, config)
+    assert "merger" not in result.meter.roles  # united, never merged
+    keyed = MethodConfig(shuffle_key="section")
+    assert keyed.plan_keyed([], "w").plans == ()

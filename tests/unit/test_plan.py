@@ -114,3 +114,19 @@ def test_group_factor_changes_k():
     assert group_count(100, 2, group_factor=0.5) == 9  # 5 groups of 40 would exceed 24 items: ceil(200/24)
     assert group_count(100, 1, group_factor=0.5) == 5
     assert group_count(100, 2, group_factor=2.0) == 20
+
+
+def test_a_keyed_plan_reduces_each_key_apart_and_is_seeded_per_key() -> None:
+    from combee.plan import plan_keyed
+
+    keys = ["b", "a", "b", "c", "a", "b", "", "b"]
+    plan = plan_keyed(keys, 2, "ns/file:e0/0-7", max_group_items=2, max_fan_in=2)
+    assert plan.keys == ("", "a", "b", "c")
+    assert plan.members == ((6,), (1, 4), (0, 2, 5, 7), (3,))
+    assert sorted(i for m in plan.members for i in m) == list(range(len(keys)))
+    for members, sub in zip(plan.members, plan.plans, strict=True):
+        assert sub.groups.n == len(members) and all(len(g) <= 2 for g in sub.groups.augmented)
+    assert plan == plan_keyed(keys, 2, "ns/file:e0/0-7", max_group_items=2, max_fan_in=2)
+    united = plan_keyed(keys, 2, "ns/file:e0/0-7", max_group_items=2, merge_within_key=False)
+    assert united.merge_calls == 0 and united.depth == 1 and united.curator_calls == plan.curator_calls
+    assert plan.merge_calls > 0 and plan.depth >= 2
