@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from combee.cli import build_near_duplicates
 from combee.engine import MethodConfig, Window, run_window
 from combee.models import Playbook, Trace
 from combee.playbook import render_prompt
+from combee.settings import Settings
 from combee.sim.inproc import InProcessSim
 from combee.sim.world import Behaviour, WorldResponder, insight_keys_in, retention
 from streams.client import PromptClient
@@ -29,6 +31,7 @@ def offline_playbook(traces: list[dict], records: list[DeltaRecord], seed: int =
     """The offline engine (``combee learn``'s) on the same traces, cut into the same windows with the same
     shuffle seeds, against the same simulated model."""
     llm = InProcessSim(WorldResponder(Behaviour(seed=seed)), seed=seed)
+    dedup = build_near_duplicates(Settings(), log=lambda _: None)  # the workers' semantic de-duplication
     parsed = [Trace.model_validate(t) for t in traces]
     ns = parsed[0].namespace
     order = {o: i for i, o in enumerate(sorted(o for r in records for o in r.offsets))}  # published in order
@@ -38,7 +41,7 @@ def offline_playbook(traces: list[dict], records: list[DeltaRecord], seed: int =
         for r in records:
             chunk = tuple(parsed[order[o]] for o in r.offsets)
             window = Window(ns, "file:e0", order[r.offsets[0]], order[r.offsets[-1]], chunk, seed_key=r.seed_key)
-            playbook = (await run_window(window, playbook, llm, MethodConfig())).playbook
+            playbook = (await run_window(window, playbook, llm, MethodConfig(), dedup=dedup)).playbook
         return playbook
 
     return asyncio.run(run())
