@@ -14,7 +14,8 @@ kafka_ssl_cafile/certfile/    ssl_cafile / ssl_certfile /         ssl_context (b
 keyfile                       ssl_keyfile                         ``aiokafka.helpers.create_ssl_context``)
 ============================  ==================================  =========================================
 
-Both clients use the ``sasl_plain_*`` names for SCRAM too. The password is handed over as a ``str`` whose
+Both clients use the ``sasl_plain_*`` names for SCRAM too. Faust (on aiokafka) takes the same settings as
+``broker_credentials`` (:func:`faust_security_kwargs`). The password is handed over as a ``str`` whose
 ``repr()`` is ``'***'``: the client libraries use its value, while logging a kwargs dict (kafka-python's
 admin client logs its whole configuration at DEBUG) or printing it shows no secret.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "aiokafka_security_kwargs",
     "bootstrap_servers",
     "ensure_topics",
+    "faust_security_kwargs",
     "kafka_security_kwargs",
 ]
 
@@ -176,6 +178,37 @@ def aiokafka_security_kwargs(settings: Settings) -> dict[str, Any]:
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise ConfigError(f"cannot load the Kafka TLS certificate files: {exc}") from None
     return out
+
+
+def faust_security_kwargs(settings: Settings) -> dict[str, Any]:
+    """Faust's ``broker_credentials`` from the Kafka security settings (SASL and/or TLS); ``{}`` for PLAINTEXT."""
+    if settings.kafka_security_protocol == "PLAINTEXT":
+        return {}
+    import ssl
+
+    from faust.auth import SASLCredentials, SSLCredentials
+
+    context = None
+    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(
+            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
+        )
+        if settings.kafka_ssl_certfile:
+            context.load_cert_chain(
+                str(settings.kafka_ssl_certfile),
+                str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
+            )
+    if settings.kafka_security_protocol == "SSL":
+        return {"broker_credentials": SSLCredentials(context)}
+    password = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else None
+    return {
+        "broker_credentials": SASLCredentials(
+            username=settings.kafka_sasl_username,
+            password=password,
+            mechanism=settings.kafka_sasl_mechanism or "PLAIN",
+            ssl_context=context,
+        )
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------

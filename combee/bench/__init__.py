@@ -8,7 +8,7 @@ writes says so. Modules:
 * :mod:`combee.bench.run` — the orchestration: trace sets, simulator, phases, evaluation, files;
 * :mod:`combee.bench.report` — medians, acceptance checks, the Markdown table (pure);
 * :mod:`combee.bench.plots` — the PNG figures;
-* :mod:`combee.bench.cli` — the command line (``add_bench_command`` for ``combee``'s parser).
+* :mod:`combee.cli.bench` (in the command line package, on top) — ``combee bench`` and ``python -m combee.bench``.
 """
 
 from combee.bench.spec import BenchConfig, RunSpec, plan_runs

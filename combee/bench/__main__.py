@@ -2,7 +2,7 @@
 
 import sys
 
-from combee.bench.cli import main
+from combee.cli.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

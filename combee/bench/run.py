@@ -35,6 +35,7 @@ from typing import Any
 from combee.bench import report
 from combee.bench.spec import BenchConfig, RunSpec, factor_label, is_shared, plan_runs
 from combee.bench.worker import train
+from combee.sim.traceset import test_path, truth_path, write_trace_set
 
 __all__ = ["BenchResult", "run_bench"]
 
@@ -113,7 +114,6 @@ def _load_report(machine_before: float | None, own_before: float, wall_s: float)
 
 
 def _write_trace_sets(config: BenchConfig, runs: list[RunSpec], log: Log) -> dict[tuple[int, int], TraceSet]:
-    from combee.cli import test_path, truth_path, write_trace_set
     from combee.sim.world import generate_traces
 
     sets: dict[tuple[int, int], TraceSet] = {}

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy.worker import spawn_worker
+
 __all__ = ["StreamingConfig", "run_streaming_bench"]
 
 
@@ -48,7 +50,6 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def run_streaming_bench(cfg: StreamingConfig) -> dict[str, Any]:
-    from combee.demo import spawn_worker
     from combee.sim.config import SimConfig
     from combee.sim.runner import SimProcess
 

@@ -9,14 +9,25 @@ same seed answers the same questions in the same order.
 from __future__ import annotations
 
 import json
+import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from combee.errors import ConfigError
 
-__all__ = ["TASKS", "Question", "TaskSpec", "load_questions", "pick"]
+__all__ = ["DATA_ENV", "TASKS", "Question", "TaskSpec", "default_data_dir", "load_questions", "pick"]
+
+DATA_ENV = "COMBEE_FINANCE_DATA"
+
+
+def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$COMBEE_FINANCE_DATA``, else ``../shared/data/ace-agent-ace/finance/data`` next to this repository."""
+    if environ.get(DATA_ENV):
+        return Path(environ[DATA_ENV])
+    repo = Path(__file__).resolve().parents[2]
+    return repo.parent / "shared" / "data" / "ace-agent-ace" / "finance" / "data"
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,13 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from combee.cli import build_near_duplicates
 from combee.engine import MethodConfig, Window, run_window
 from combee.models import Playbook
 from combee.playbook import ApplyPolicy, apply_delta, render_prompt
 from combee.settings import Settings
 from combee.sim.inproc import InProcessSim
 from combee.sim.world import Behaviour, WorldResponder, retention
+from combee.wiring import build_near_duplicates
 from streams.codec import CodecError, decode, decode_trace
 from streams.deltalog import split_log
 from streams.envelopes import DeadLetter, DeltaRecord, Snapshot

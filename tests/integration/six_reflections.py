@@ -17,7 +17,6 @@ import asyncio
 import json
 import sys
 
-from combee.cli import build_llm
 from combee.dedup import DEFAULT_THRESHOLD, conflict
 from combee.embed_local import MiniLMEmbedder
 from combee.embeddings import NearDuplicates
@@ -25,6 +24,7 @@ from combee.engine import Meter, curate
 from combee.models import AddOp, Delta, Insight, Playbook, Reflection
 from combee.playbook import apply_delta
 from combee.settings import Settings
+from combee.wiring import build_llm
 
 SAME = (
     "Amounts shown in parentheses are negative: treat them as negative numbers in the calculation.",

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from combee.cli import build_near_duplicates
 from combee.engine import MethodConfig, Window, run_window
 from combee.models import Playbook, Trace
 from combee.playbook import render_prompt
 from combee.settings import Settings
 from combee.sim.inproc import InProcessSim
 from combee.sim.world import Behaviour, WorldResponder, insight_keys_in, retention
+from combee.wiring import build_near_duplicates
 from streams.client import PromptClient
 from streams.envelopes import DeltaRecord
 from tests.integration.pipeline import Pipeline, check_prompt_matches, wait_until

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from combee.demo import real_traces
+from combee.cli.demo import real_traces
 from deploy import llm
 from tests.integration.pipeline import Pipeline
 from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from combee.bench.cli import build_config, configure_parser
 from combee.bench.spec import UNBOUNDED_GROUP, BenchConfig, RunSpec, is_shared, plan_runs
 from combee.bench.worker import plan_checks
+from combee.cli.bench import build_config, configure_parser
 from combee.learner import IterationRecord, LearnResult
 from combee.models import Playbook
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from combee.cli import build_near_duplicates
 from combee.embeddings import NearDuplicates
 from combee.engine import Method, MethodConfig, Window, run_window
 from combee.learner import LearnConfig, learn
 from combee.llm import Role
 from combee.models import AddOp, Bullet, Playbook, Provenance, Trace
 from combee.settings import Settings
+from combee.wiring import build_near_duplicates
 from tests.fakes import GroupEmbedder, ScriptedLLM, block_lines, echo_script
 
 # Six lessons, three of them rewordings of one tip and two of another: three distinct insights.

@@ -147,9 +147,9 @@ async def test_reasoning_models_get_max_completion_tokens_and_no_temperature(mak
 
 
 async def test_roles_can_have_their_own_endpoint(make_server: Any) -> None:
-    from combee.cli import build_llm
     from combee.llm_openai import RoleRouter
     from combee.settings import Settings
+    from combee.wiring import build_llm
 
     small = await make_server(props={"default_generation_settings": {"n_ctx": 4096}})
     large = await make_server(props={"default_generation_settings": {"n_ctx": 65536}})

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from combee.cli import main
+from combee.cli.task import display_url
 from combee.engine import Method, MethodConfig
 from combee.learner import LearnConfig
 from combee.llm import LLM, ChatRequest, Role
-from combee.tasks.cli import _display_url, default_data_dir
-from combee.tasks.data import Question
+from combee.tasks.data import Question, default_data_dir
 from combee.tasks.report import document, markdown, write_plot
 from combee.tasks.run import BASELINE, HarnessConfig, run_harness
 from tests.fakes import ScriptedLLM, block_lines, echo_script
@@ -140,7 +140,7 @@ def test_unreachable_endpoint_fails_fast(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_endpoint_display_hides_credentials_and_query() -> None:
-    shown = _display_url("https://user:s3cret@example.com:8443/v1?api_key=abc#x")
+    shown = display_url("https://user:s3cret@example.com:8443/v1?api_key=abc#x")
     assert "s3cret" not in shown and "abc" not in shown
     assert shown.startswith("https://") and shown.endswith("example.com:8443/v1")
 

@@ -26,32 +26,18 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["DATA_ENV", "add_task_command", "configure_parser", "default_data_dir", "probe_models"]
+from combee.cli.base import CliError, Progress, given_options, positive_int
+from combee.settings import Settings, redact_url
+from combee.tasks.data import DATA_ENV, default_data_dir
+from combee.wiring import build_llm, method_config
 
-DATA_ENV = "COMBEE_FINANCE_DATA"
+__all__ = ["add_task_command", "configure_parser", "display_url", "probe_models"]
+
 LOCAL_BASE_URL = "http://127.0.0.1:8090/v1"
 LOCAL_MODEL = "local"
 FULL = (60, 100)  # the issue's acceptance size: >= 60 training traces, >= 100 test questions
 QUICK = (4, 5)  # ~9 min on the local 1.5B model on 2 cores, from the per-question costs in docs/benchmarks.md
 METHODS = ("sequential", "naive", "combee")
-
-
-def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """``$COMBEE_FINANCE_DATA``, else ``../shared/data/ace-agent-ace/finance/data`` next to this repository."""
-    if environ.get(DATA_ENV):
-        return Path(environ[DATA_ENV])
-    repo = Path(__file__).resolve().parents[2]
-    return repo.parent / "shared" / "data" / "ace-agent-ace" / "finance" / "data"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _methods(text: str) -> tuple[str, ...]:
@@ -68,9 +54,9 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--quick", action="store_true", help=f"{QUICK[0]} training / {QUICK[1]} test questions (explicit sizes win)"
     )
-    p.add_argument("--n-train", type=_positive_int, help=f"training questions → traces (default {FULL[0]})")
-    p.add_argument("--n-test", type=_positive_int, help=f"held-out test questions (default {FULL[1]})")
-    p.add_argument("--batch-size", type=_positive_int, help="batch of naive and Combee (default: all traces)")
+    p.add_argument("--n-train", type=positive_int, help=f"training questions → traces (default {FULL[0]})")
+    p.add_argument("--n-test", type=positive_int, help=f"held-out test questions (default {FULL[1]})")
+    p.add_argument("--batch-size", type=positive_int, help="batch of naive and Combee (default: all traces)")
     p.add_argument("--methods", type=_methods, default=METHODS, help="subset of sequential,naive,combee")
     p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")
     p.add_argument("--data-dir", type=Path, help=f"the finance data (default ${DATA_ENV} or ../shared/...)")
@@ -78,7 +64,7 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("LLM endpoint")
     g.add_argument("--base-url", help=f"OpenAI-compatible base URL (default $OPENAI_BASE_URL or {LOCAL_BASE_URL})")
     g.add_argument("--model", help=f"model for every role (default $COMBEE_MODEL or {LOCAL_MODEL!r})")
-    g.add_argument("--llm-concurrency", type=_positive_int, default=None, help="requests in flight (default 4)")
+    g.add_argument("--llm-concurrency", type=positive_int, default=None, help="requests in flight (default 4)")
     g.add_argument("--llm-timeout", type=float, help="seconds per request (default 600: a CPU model queues)")
     g.add_argument("--cache-dir", type=Path, help="response cache root (default OUT/cache; one subdir per phase)")
     g.add_argument("--no-cache", action="store_true", help="no response cache")
@@ -100,9 +86,8 @@ def add_task_command(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _display_url(url: str) -> str:
-    from combee.settings import redact_url
-
+def display_url(url: str) -> str:
+    """``url`` without its query and fragment, its password redacted."""
     parts = urlsplit(url)
     return redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
 
@@ -121,9 +106,6 @@ def _is_simulator(cards: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _settings(args: argparse.Namespace, base_url: str | None) -> Any:
-    from combee.cli import CliError, given_options
-    from combee.settings import Settings
-
     mapping = {"base_url": "openai_base_url", "model": "model", "llm_concurrency": "llm_max_concurrency",
                "llm_timeout": "llm_timeout_s"}  # fmt: skip
     overrides = given_options(args, mapping)
@@ -141,7 +123,6 @@ def _settings(args: argparse.Namespace, base_url: str | None) -> Any:
 
 
 def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[str, Any]:
-    from combee.cli import method_config
     from combee.learner import LearnConfig
 
     return {m: LearnConfig(method=method_config(settings, m), batch_size=1 if m == "sequential" else batch)
@@ -174,7 +155,6 @@ def _write_outputs(out: Path, result: Any, doc: Mapping[str, Any]) -> None:
 
 
 async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
-    from combee.cli import CliError, Progress, build_llm
     from combee.llm import Role
     from combee.tasks.data import TASKS, load_questions, pick
     from combee.tasks.report import document
@@ -199,7 +179,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             sim_url = sim.base_url
             err.write(f"combee task: SIMULATED model (Combee simulator, in this process) at {sim_url}\n")
         settings = _settings(args, sim_url)
-        endpoint = _display_url(settings.openai_base_url)
+        endpoint = display_url(settings.openai_base_url)
         try:
             cards = await asyncio.to_thread(probe_models, settings.openai_base_url)
         except (OSError, ValueError) as exc:

@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from combee.cli.base import given_options
+
 __all__ = ["add_bench_command", "build_config", "main"]
 
 
@@ -150,7 +152,6 @@ def _csv(values: Sequence[int]) -> str:
 def build_config(args: argparse.Namespace) -> Any:
     """The :class:`~combee.bench.spec.BenchConfig` the parsed options describe (explicit options win over --quick)."""
     from combee.bench.spec import BenchConfig, quick_config
-    from combee.cli import given_options
 
     config = BenchConfig(out=args.out)
     if args.quick:

@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_demo"]
+from combee.cli.base import batch_size, positive_int
+from combee.sim.traceset import write_trace_set
+from combee.tasks.data import default_data_dir
+from combee.wiring import build_llm
+from deploy.worker import spawn_worker
+
+__all__ = ["add_demo_command", "real_traces", "run_demo"]
 
 NAMESPACES = (("finance-formula", "formula", 1), ("finance-finer", "finer", 2))
 
@@ -34,30 +40,26 @@ def _say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def spawn_worker(
-    log_path: Path,
-    *worker_args: str,
-    base_url: str,
-    bootstrap: str,
-    redis_url: str,
-    prefix: str,
-    max_wait_s: float,
-) -> subprocess.Popen[bytes]:
-    """Start ``combee worker`` against the given model endpoint and services, under ``prefix``, logging to
-    ``log_path`` (the demo's and the streaming benchmark's worker)."""
-    env = {
-        **os.environ,
-        "OPENAI_BASE_URL": base_url,
-        "COMBEE_KAFKA_BOOTSTRAP": bootstrap,
-        "COMBEE_REDIS_URL": redis_url,
-        "COMBEE_TOPIC_PREFIX": prefix,
-        "COMBEE_KEY_PREFIX": prefix,
-        "COMBEE_MAX_WAIT_S": f"{max_wait_s:g}",
-    }
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "combee.cli", "worker", *worker_args], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+def add_demo_command(sub: Any) -> None:
+    """Register ``demo`` on ``combee``'s subparsers."""
+    d = sub.add_parser("demo", help="the main job end to end on embedded defaults (simulated model)")
+    d.add_argument(
+        "--traces", type=positive_int, help="traces to learn from (default: 300 SIMULATED, or 6 real with --llm)"
+    )
+    d.add_argument("--batch-size", type=batch_size, default=50)
+    d.add_argument("--time-scale", type=float, default=0.02)
+    d.add_argument("--out", type=Path, default=Path("var/demo"))
+    d.add_argument("--rate", type=float, default=80.0, help="traces per second the SIMULATED fleet publishes")
+    d.add_argument("--offline", action="store_true", help="learn in-process only (no Kafka/Redis)")
+    d.add_argument("--timeout", type=float, default=600.0, help="give up waiting for the workers after SECONDS")
+    d.add_argument(
+        "--llm",
+        choices=["sim", "local", "endpoint"],
+        default="sim",
+        help="sim: the SIMULATED model (default); local: the real local model (combee llm serve; needs the llm "
+        "extra) on real Formula traces; endpoint: the real model at OPENAI_BASE_URL",
+    )
+    d.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -71,7 +73,6 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _offline(args: argparse.Namespace) -> int:
-    from combee.cli import write_trace_set
     from combee.sim.config import SimConfig
     from combee.sim.runner import SimProcess
     from combee.sim.world import generate_traces
@@ -223,11 +224,9 @@ def _state_dir() -> Path | None:
 def real_traces(base_url: str, model: str, n: int, *, seed: int = 0, concurrency: int = 4) -> list[dict[str, Any]]:
     """``n`` traces of a real agent: the model answers Formula training questions with an empty playbook and
     each answer is graded against the ground truth (the finance task harness's agent and grader)."""
-    from combee.cli import build_llm
     from combee.models import Playbook
     from combee.settings import Settings
     from combee.tasks.agent import answer_all, to_trace
-    from combee.tasks.cli import default_data_dir
     from combee.tasks.data import TASKS, load_questions, pick
 
     spec = TASKS["formula"]

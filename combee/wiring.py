@@ -1,0 +1,126 @@
+"""The composition root: where :class:`~combee.settings.Settings` become objects.
+
+The worker (``workers/main.py``), the command line (``combee/cli/``) and the benchmark build their LLM client,
+method configuration, semantic de-duplicator, topics, prompt store and publisher here and nowhere else, so one
+setting means the same thing to all of them. This module sits at the edge, above the pure core and the wire
+contract (``streams/``); nothing in either imports it. Heavy clients (httpx, redis, onnxruntime) are imported
+when they are built, so a command that needs none of them does not load them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from combee.embeddings import Embedder, NearDuplicates
+from combee.engine import Method, MethodConfig
+from combee.llm import Role
+from combee.playbook import ApplyPolicy
+from combee.settings import Settings
+from streams.topics import Topics
+
+if TYPE_CHECKING:
+    from combee.llm_openai import OpenAILLM, RoleRouter
+    from streams.redis_store import LatestVersionPublisher, RedisPromptStore
+
+__all__ = ["build_llm", "build_near_duplicates", "build_publisher", "build_store", "build_topics", "method_config"]
+
+
+def build_llm(settings: Settings) -> OpenAILLM | RoleRouter:
+    """The OpenAI-compatible LLM client configured from settings (one per endpoint when roles have their own)."""
+    from combee.llm_openai import EndpointConfig, OpenAILLM, RoleRouter
+
+    def endpoint(base_url: str) -> OpenAILLM:
+        return OpenAILLM(
+            EndpointConfig(
+                base_url=base_url,
+                api_key=settings.openai_api_key,
+                default_model=settings.model,
+                models=settings.models(),
+                structured_output=settings.structured_output,
+                max_concurrency=settings.llm_max_concurrency,
+                timeout_s=settings.llm_timeout_s,
+                max_attempts=settings.llm_max_attempts,
+                backoff_max_s=settings.llm_backoff_max_s,
+                cache_dir=settings.cache_dir,
+                context_tokens=settings.llm_context_tokens,
+                reasoning_models=settings.llm_reasoning_models,
+            )
+        )
+
+    default = endpoint(settings.openai_base_url)
+    urls = {role: settings.base_url_for(role) for role in Role}
+    if all(url == settings.openai_base_url for url in urls.values()):
+        return default
+    by_url: dict[str, OpenAILLM] = {settings.openai_base_url: default}
+    for url in urls.values():
+        if url not in by_url:
+            by_url[url] = endpoint(url)
+    return RoleRouter(default, {role: by_url[url] for role, url in urls.items()})
+
+
+def build_near_duplicates(settings: Settings, *, log: Callable[[str], object] | None = None) -> NearDuplicates | None:
+    """The semantic de-duplicator configured from settings, or None (exact match only), saying which and why.
+
+    ``embeddings``: ``endpoint`` (or ``auto`` with ``embeddings_url`` set) asks an OpenAI-compatible
+    ``/v1/embeddings``; ``local`` (``auto`` otherwise) runs all-MiniLM-L6-v2 here when the ``embeddings``
+    extra is installed; ``off`` — or ``local``/``auto`` without the extra — leaves the exact rule.
+    """
+    say = log or logging.getLogger("combee").info
+    mode = settings.embeddings
+    if mode == "off":
+        say("semantic de-duplication off (COMBEE_EMBEDDINGS=off): bullets are de-duplicated by exact match only")
+        return None
+    embedder: Embedder
+    if mode == "endpoint" or (mode == "auto" and settings.embeddings_url):
+        from combee.embed_openai import OpenAIEmbedder
+
+        embedder = OpenAIEmbedder(
+            settings.embeddings_url or settings.openai_base_url,
+            settings.embeddings_model,
+            settings.embeddings_api_key or settings.openai_api_key,
+        )
+    else:
+        from combee.embed_local import MiniLMEmbedder, local_embedder_missing
+
+        problem = local_embedder_missing(settings.embeddings_tokenizer)
+        if problem is not None:
+            say(f"semantic de-duplication off: {problem}; bullets are de-duplicated by exact match only")
+            return None
+        embedder = MiniLMEmbedder(settings.embeddings_tokenizer, threads=settings.embeddings_threads)
+    say(f"semantic de-duplication: {embedder.name}, threshold {settings.embeddings_threshold}")
+    return NearDuplicates(embedder, threshold=settings.embeddings_threshold)
+
+
+def method_config(settings: Settings, method: str, group_factor: float = 1.0) -> MethodConfig:
+    """The method's knobs (``p``, group and fan-in bounds, parse attempts, token budget) for ``method``."""
+    return MethodConfig(
+        method=Method(method),
+        p=settings.p,
+        max_group_items=settings.max_group_items,
+        max_fan_in=settings.max_fan_in,
+        group_factor=group_factor,
+        parse_attempts=settings.parse_attempts,
+        policy=ApplyPolicy(token_budget=settings.token_budget),
+    )
+
+
+def build_topics(settings: Settings) -> Topics:
+    """Combee's topics under the settings' prefix and partition count."""
+    return Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+
+
+def build_store(settings: Settings) -> RedisPromptStore:
+    """The Redis prompt store (asyncio client) under the settings' key prefix."""
+    from streams.keys import RedisKeys
+    from streams.redis_store import RedisPromptStore, build_redis
+
+    return RedisPromptStore(build_redis(settings), RedisKeys(settings.key_prefix))
+
+
+def build_publisher(store: RedisPromptStore) -> LatestVersionPublisher:
+    """The publisher that keeps Redis at the newest playbook version, whatever order snapshots arrive in."""
+    from streams.redis_store import LatestVersionPublisher
+
+    return LatestVersionPublisher(store)

@@ -1,0 +1,37 @@
+"""Start a ``combee worker`` process against given services and model endpoint (the demo's and the streaming
+benchmark's worker)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["spawn_worker"]
+
+
+def spawn_worker(
+    log_path: Path,
+    *worker_args: str,
+    base_url: str,
+    bootstrap: str,
+    redis_url: str,
+    prefix: str,
+    max_wait_s: float,
+) -> subprocess.Popen[bytes]:
+    """Start ``combee worker`` against the given model endpoint and services, under ``prefix``, logging to
+    ``log_path``."""
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": base_url,
+        "COMBEE_KAFKA_BOOTSTRAP": bootstrap,
+        "COMBEE_REDIS_URL": redis_url,
+        "COMBEE_TOPIC_PREFIX": prefix,
+        "COMBEE_KEY_PREFIX": prefix,
+        "COMBEE_MAX_WAIT_S": f"{max_wait_s:g}",
+    }
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "combee.cli", "worker", *worker_args], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
