@@ -27,7 +27,7 @@ from streams.codec import CodecError, decode_trace, encode
 from streams.deltalog import split_log
 from streams.envelopes import DeltaRecord, WindowEnvelope
 from streams.kafka_config import kafka_security_kwargs
-from streams.topics import Topics
+from streams.topics import Topics, partition_for
 
 __all__ = ["ReplayReport", "replay"]
 
@@ -40,12 +40,6 @@ class ReplayReport:
     traces: int
     windows: int
     windows_from_log: int
-
-
-def _partition(namespace: str, partitions: int) -> int:
-    from aiokafka.partitioner import murmur2
-
-    return (murmur2(namespace.encode()) & 0x7FFFFFFF) % partitions
 
 
 def _start_offset(consumer: KafkaConsumer, tp: TopicPartition, start: str) -> int:
@@ -89,7 +83,7 @@ def replay(
     if into == namespace:
         raise ConfigError("replay into a different namespace (or a new lineage name), not into the source")
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-    part = _partition(namespace, topics.partitions)
+    part = partition_for(namespace.encode(), topics.partitions)
     security = kafka_security_kwargs(settings)
     consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, **security)
     try:

@@ -6,7 +6,7 @@ from typing import Any
 
 from combee.settings import Settings
 from streams.keys import RedisKeys
-from streams.topics import Topics
+from streams.topics import Topics, partition_for
 
 __all__ = ["collect_status", "traces_lag"]
 
@@ -37,7 +37,6 @@ def traces_lag(settings: Settings, topics: Topics) -> dict[int, int | None]:
 
 async def collect_status(settings: Settings, namespace: str | None = None) -> list[dict[str, Any]]:
     from streams.redis_store import RedisPromptStore, build_redis
-    from workers.state import partition_for
 
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
     redis = build_redis(settings)

@@ -3,17 +3,25 @@
 All learner topics are keyed by namespace (so one namespace's records share a partition and stay in order)
 except ``groups``, keyed by ``window_id/group`` so curate work spreads over every partition. ``traces``,
 ``windows``, ``partials``, ``deltas`` and ``playbooks`` must have the same partition count: the window stage,
-the combiner and their tables are co-partitioned by namespace (one owner per namespace).
+the combiner and their tables are co-partitioned by namespace (one owner per namespace). A key's partition
+is :func:`partition_for`, the one rule every client here uses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MAX_MESSAGE_BYTES", "TopicSpec", "Topics"]
+from aiokafka.partitioner import murmur2
+
+__all__ = ["MAX_MESSAGE_BYTES", "TopicSpec", "Topics", "partition_for"]
 
 # A window envelope carries its traces (up to bs_max of them): allow 8 MiB records on Combee's topics.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """Kafka's default partitioner (murmur2), as every client here uses it."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from combee.llm import LLM
 from combee.windowing import MapState, WindowPolicy
 from streams.codec import dead_letter, encode
 from streams.envelopes import Envelope, Snapshot
-from streams.topics import Topics
+from streams.topics import Topics, partition_for
 from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
 from workers.runtime import NamespaceRuntime
-from workers.state import ChangelogTable, KafkaIO, partition_for
+from workers.state import ChangelogTable, KafkaIO
 from workers.tenure import Tenure
 
 __all__ = ["Learner", "LearnerConfig"]

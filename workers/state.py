@@ -15,16 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.partitioner import murmur2
 
-__all__ = ["ChangelogTable", "KafkaIO", "LogRecord", "partition_for"]
+from streams.topics import partition_for
+
+__all__ = ["ChangelogTable", "KafkaIO", "LogRecord"]
 
 V = TypeVar("V")
-
-
-def partition_for(key: bytes, partitions: int) -> int:
-    """Kafka's default partitioner (murmur2), as every client here uses it."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 @dataclass(frozen=True)

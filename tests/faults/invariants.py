@@ -49,8 +49,8 @@ from combee.wiring import build_near_duplicates
 from streams.codec import CodecError, decode, decode_trace
 from streams.deltalog import split_log
 from streams.envelopes import DeadLetter, DeltaRecord, Snapshot
+from streams.topics import partition_for
 from tests.faults.harness import PromptWatcher, Run, Sent, TopicTail
-from workers.state import partition_for
 
 __all__ = ["Figures", "Observed", "check", "observe", "quality"]
 

@@ -27,11 +27,11 @@ from combee.sim.world import generate_traces
 from streams.codec import CodecError, decode, decode_trace
 from streams.deltalog import LogJudge
 from streams.envelopes import DeadLetter, DeltaRecord
+from streams.topics import partition_for
 from tests.faults.corpus import INJECTION_MARKER, hostile_corpus, interleave
 from tests.faults.harness import PacedPublisher, PromptWatcher, Record, Run, Sent, TopicTail, wait_until
 from tests.faults.invariants import Figures, check, observe, quality
 from tests.faults.stack import PrivateStack
-from workers.state import partition_for
 
 __all__ = ["PROFILES", "SCENARIOS", "Profile", "Scenario", "execute", "good_traces"]
 

@@ -29,12 +29,12 @@ from typing import Any
 
 import pytest
 
+from streams.topics import partition_for
 from tests.faults.conftest import MODE, record
 from tests.faults.harness import Run
 from tests.faults.invariants import Figures
 from tests.faults.stack import ClusterStack
 from tests.faults.suite import NAMESPACES, Profile, Progress, Scenario, execute, figure_lines
-from workers.state import partition_for
 
 pytestmark = [
     pytest.mark.faults,
