@@ -24,7 +24,7 @@ from streams.codec import decode
 from streams.envelopes import Snapshot
 from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
-from workers.context import Learner, LearnerConfig
+from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
 from workers.mapper import handle_window
 from workers.state import ChangelogTable, KafkaIO
@@ -79,8 +79,8 @@ def create_app(
     faust_kwargs: dict[str, Any] | None = None,
     consumer_kwargs: dict[str, Any] | None = None,
     dedup: Any = None,
-) -> tuple[faust.App, Learner]:
-    """Build the app and the shared learner context (nothing connects until the worker starts)."""
+) -> tuple[faust.App, StageContext]:
+    """Build the app and the stages' shared context (nothing connects until the worker starts)."""
     roles = set(roles)
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
     app = faust.App(
@@ -113,7 +113,7 @@ def create_app(
         return md.partition, md.offset
 
     io = KafkaIO(send, settings.kafka_bootstrap, consumer_kwargs, group_id=app.conf.id)
-    config = LearnerConfig(
+    config = StageConfig(
         topics=topics,
         method=method,
         policy=WindowPolicy(
@@ -126,7 +126,7 @@ def create_app(
         bs_default=settings.bs_default,
         curate_concurrency=settings.curate_concurrency,
     )
-    ctx = Learner(
+    ctx = StageContext(
         config=config,
         io=io,
         llm=llm,
@@ -211,7 +211,7 @@ def create_app(
     return app, ctx
 
 
-def _forget(ctx: Learner, revoked: Iterable[Any]) -> None:
+def _forget(ctx: StageContext, revoked: Iterable[Any]) -> None:
     """Drop in-memory state of revoked partitions; their new owner rebuilds it from Kafka."""
     topics = ctx.topics
     for tp in revoked:

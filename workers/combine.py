@@ -27,7 +27,7 @@ from combee.scan import ReadyNode, ReduceTracker
 from streams.codec import CodecError, decode
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
 from workers.commit import bind, commit, ensure_ready, snapshot_of
-from workers.context import Learner
+from workers.context import StageContext
 from workers.runtime import NamespaceRuntime, OpenWindow
 
 __all__ = ["ensure_ready", "handle_partial"]
@@ -35,7 +35,7 @@ __all__ = ["ensure_ready", "handle_partial"]
 log = logging.getLogger("combee.worker.combine")
 
 
-async def handle_partial(ctx: Learner, stream: Any, event: Any) -> None:
+async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
     msg = event.message
     ctx.acks.add(stream, event)
     ctx.touch()
@@ -83,7 +83,7 @@ async def handle_partial(ctx: Learner, stream: Any, event: Any) -> None:
         await _progress(ctx, rt)
 
 
-async def _progress(ctx: Learner, rt: NamespaceRuntime) -> None:
+async def _progress(ctx: StageContext, rt: NamespaceRuntime) -> None:
     """Start every ready merge; apply every finished window that is next in sequence. Caller holds rt.lock."""
     if rt.tenure is None or rt.tenure.fenced:
         return
@@ -101,13 +101,13 @@ async def _progress(ctx: Learner, rt: NamespaceRuntime) -> None:
             return
 
 
-def _base_playbook(ctx: Learner, rt: NamespaceRuntime, version: int) -> Playbook:
+def _base_playbook(ctx: StageContext, rt: NamespaceRuntime, version: int) -> Playbook:
     snap = snapshot_of(rt)
     current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
     return rt.playbooks.get(version, current)
 
 
-async def _merge(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, node: ReadyNode) -> None:
+async def _merge(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, node: ReadyNode) -> None:
     assert w.plan is not None
     base = _base_playbook(ctx, rt, w.plan.base_version)
     meter = Meter()
@@ -157,7 +157,7 @@ async def _merge(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, node: ReadyN
         ctx.touch()
 
 
-async def _offer_again(ctx: Learner, rt: NamespaceRuntime, delay_s: float) -> None:
+async def _offer_again(ctx: StageContext, rt: NamespaceRuntime, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
     async with rt.lock:
         await _progress(ctx, rt)
@@ -175,7 +175,7 @@ def _critical_path(w: OpenWindow) -> float:
     return w.plan.map_service_s + (max(level_cost) if level_cost else 0.0)
 
 
-async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> bool:
+async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> bool:
     """Apply a finished window that is next in sequence; False when it was not committed (fenced)."""
     plan = w.plan
     assert plan is not None and rt.tenure is not None
@@ -233,7 +233,7 @@ async def _apply(ctx: Learner, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[D
     return True
 
 
-async def _rollback(ctx: Learner, rt: NamespaceRuntime, ctrl: Control) -> None:
+async def _rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:
     """Make the content of version ``to_version`` the next version (versions never go backwards)."""
     assert rt.tenure is not None
     snap = snapshot_of(rt)

@@ -25,7 +25,7 @@ from streams.deltalog import (
     replay_start,
 )
 from streams.envelopes import Claim, DeltaRecord, Snapshot
-from workers.context import Learner
+from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 from workers.tenure import Tenure
 
@@ -38,7 +38,7 @@ CHECKPOINT = "__checkpoint__"
 CLAIM_KEY = "__claim__"
 
 
-def bind(ctx: Learner, tenure: Tenure, namespace: str) -> NamespaceRuntime:
+def bind(ctx: StageContext, tenure: Tenure, namespace: str) -> NamespaceRuntime:
     """The namespace's runtime, its combiner state bound to ``tenure``."""
     rt = ctx.runtime(namespace)
     if rt.tenure is not tenure:
@@ -55,7 +55,7 @@ def snapshot_of(rt: NamespaceRuntime) -> Snapshot | None:
 
 
 async def commit(
-    ctx: Learner, rt: NamespaceRuntime, record: DeltaRecord, playbook: Playbook, next_seq: int, source: str | None
+    ctx: StageContext, rt: NamespaceRuntime, record: DeltaRecord, playbook: Playbook, next_seq: int, source: str | None
 ) -> bool:
     """Log the record (the commit point); if no other claim came before it, snapshot, checkpoint and offer the
     version to Redis. False when it was not logged (the tenure is over) or was fenced (nothing else written)."""
@@ -80,7 +80,7 @@ async def commit(
     return True
 
 
-def _stand_down(ctx: Learner, tenure: Tenure) -> None:
+def _stand_down(ctx: StageContext, tenure: Tenure) -> None:
     """Another process owns the partition: drop the combiner's state of it, ack nothing of it, and do not claim
     it again until it is revoked (a revocation makes it claimable; the new owner redoes the open windows)."""
     for rt in ctx.runtimes.values():
@@ -92,12 +92,12 @@ def _stand_down(ctx: Learner, tenure: Tenure) -> None:
         ctx.snapshots.forget(tenure.partition)  # the map stage re-reads it; the partition stays "ready" (fenced)
 
 
-def _is_current(ctx: Learner, tenure: Tenure) -> bool:
+def _is_current(ctx: StageContext, tenure: Tenure) -> bool:
     return ctx.tenures.get(tenure.partition) is tenure and not tenure.fenced
 
 
 async def _remember(
-    ctx: Learner,
+    ctx: StageContext,
     rt: NamespaceRuntime,
     snap: Snapshot | None,
     record: DeltaRecord,
@@ -145,7 +145,7 @@ async def _remember(
     )
 
 
-async def ensure_ready(ctx: Learner, partition: int) -> Tenure:
+async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
     """Claim ``partition`` of the deltas log, recover its snapshots and replay the log up to the claim.
 
     The claim comes first: from its offset on, a record of any earlier owner is fenced, so the replay — from
@@ -189,7 +189,7 @@ async def ensure_ready(ctx: Learner, partition: int) -> Tenure:
         return tenure
 
 
-async def _replay(ctx: Learner, tenure: Tenure, start: Position) -> tuple[int, int]:
+async def _replay(ctx: StageContext, tenure: Tenure, start: Position) -> tuple[int, int]:
     """Apply the valid records after ``start`` up to the tenure's claim; returns (replayed, fenced)."""
     tracker = ClaimTracker(start.epoch)
     replayed = fenced = 0

@@ -27,14 +27,14 @@ from workers.runtime import NamespaceRuntime
 from workers.state import ChangelogTable, KafkaIO
 from workers.tenure import Tenure
 
-__all__ = ["Learner", "LearnerConfig"]
+__all__ = ["StageConfig", "StageContext"]
 
 log = logging.getLogger("combee.worker")
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class LearnerConfig:
+class StageConfig:
     topics: Topics
     method: MethodConfig
     policy: WindowPolicy
@@ -52,10 +52,11 @@ def process_id() -> str:
 
 
 @dataclass
-class Learner:
-    """Everything the stages share. One per worker process."""
+class StageContext:
+    """What the stages (window, map, curate, combine, commit) share: config, clients, tables, runtimes. One per
+    worker process."""
 
-    config: LearnerConfig
+    config: StageConfig
     io: KafkaIO
     llm: LLM
     publisher: Any  # streams.redis_store.LatestVersionPublisher

@@ -13,14 +13,14 @@ from typing import Any
 from combee.engine import Meter, curate
 from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, Partial
-from workers.context import Learner
+from workers.context import StageContext
 
 __all__ = ["handle_group"]
 
 log = logging.getLogger("combee.worker.curate")
 
 
-async def handle_group(ctx: Learner, stream: Any, event: Any, gate: asyncio.Semaphore) -> None:
+async def handle_group(ctx: StageContext, stream: Any, event: Any, gate: asyncio.Semaphore) -> None:
     """Register the task and run it in the background (bounded by ``gate``); acks stay in offset order."""
     msg = event.message
     ctx.acks.add(stream, event)
@@ -41,7 +41,7 @@ async def handle_group(ctx: Learner, stream: Any, event: Any, gate: asyncio.Sema
 MAX_UNEXPECTED_FAILURES = 5
 
 
-async def _run(ctx: Learner, task: GroupTask, event: Any, gate: asyncio.Semaphore) -> None:
+async def _run(ctx: StageContext, task: GroupTask, event: Any, gate: asyncio.Semaphore) -> None:
     try:
         for failure in range(1, MAX_UNEXPECTED_FAILURES + 1):
             try:
@@ -65,7 +65,7 @@ async def _run(ctx: Learner, task: GroupTask, event: Any, gate: asyncio.Semaphor
         gate.release()
 
 
-async def _curate_one(ctx: Learner, task: GroupTask) -> None:
+async def _curate_one(ctx: StageContext, task: GroupTask) -> None:
     meter = Meter()
     outcome = await ctx.retrying(
         f"curate {task.window_id}/{task.index}",
@@ -76,7 +76,7 @@ async def _curate_one(ctx: Learner, task: GroupTask) -> None:
     await _send_partial(ctx, task, outcome.value, outcome.service_s, meter)
 
 
-async def _send_partial(ctx: Learner, task: GroupTask, ops: Any, service_s: float, meter: Meter) -> None:
+async def _send_partial(ctx: StageContext, task: GroupTask, ops: Any, service_s: float, meter: Meter) -> None:
     role = meter.roles.get("curator")
     partial = Partial(
         window_id=task.window_id,

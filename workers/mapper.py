@@ -19,7 +19,7 @@ from combee.scan import tree_shape
 from combee.windowing import Acceptance, MapState
 from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, WindowEnvelope, WindowPlan
-from workers.context import Learner
+from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 
 __all__ = ["handle_window"]
@@ -27,7 +27,7 @@ __all__ = ["handle_window"]
 log = logging.getLogger("combee.worker.map")
 
 
-async def handle_window(ctx: Learner, stream: Any, event: Any) -> None:
+async def handle_window(ctx: StageContext, stream: Any, event: Any) -> None:
     msg = event.message
     ctx.acks.add(stream, event)
     ctx.touch()
@@ -68,7 +68,7 @@ def accept_window(state: MapState, env: WindowEnvelope) -> Acceptance:
     return accept(state, env.namespace, env.source, env.offsets, env.traces)
 
 
-async def _wait_turn(ctx: Learner, rt: NamespaceRuntime, seq: int) -> Playbook:
+async def _wait_turn(ctx: StageContext, rt: NamespaceRuntime, seq: int) -> Playbook:
     """Wait until window ``seq`` may be mapped; return the playbook version it is computed against."""
     limit = ctx.config.policy.max_inflight
     async with rt.applied:
@@ -83,7 +83,7 @@ async def _wait_turn(ctx: Learner, rt: NamespaceRuntime, seq: int) -> Playbook:
 MAX_UNEXPECTED_FAILURES = 5
 
 
-async def _mapper(ctx: Learner, rt: NamespaceRuntime) -> None:
+async def _mapper(ctx: StageContext, rt: NamespaceRuntime) -> None:
     while not rt.map_queue.empty():
         acc, env, event = rt.map_queue.get_nowait()
         rt.mapping = True
@@ -92,10 +92,12 @@ async def _mapper(ctx: Learner, rt: NamespaceRuntime) -> None:
         await ctx.acks.done(event)
 
 
-async def _map_until_done(ctx: Learner, rt: NamespaceRuntime, acc: Acceptance, env: WindowEnvelope, event: Any) -> None:
+async def _map_until_done(
+    ctx: StageContext, rt: NamespaceRuntime, acc: Acceptance, env: WindowEnvelope, event: Any
+) -> None:
     """Map one window; never return without its plan sent, or every later window of the namespace waits.
 
-    LLM outages wait inside :meth:`Learner.retrying`. Any other failure (a bug, bad data) is retried a few
+    LLM outages wait inside :meth:`StageContext.retrying`. Any other failure (a bug, bad data) is retried a few
     times; then the window's content is given up — it is dead-lettered with the reason and an empty plan
     applies as a no-op version — and sending that is retried until Kafka takes it.
     """
@@ -119,7 +121,7 @@ async def _map_until_done(ctx: Learner, rt: NamespaceRuntime, acc: Acceptance, e
 
 
 async def _map_one(
-    ctx: Learner, rt: NamespaceRuntime, acc: Acceptance, env: WindowEnvelope, give_up: bool = False
+    ctx: StageContext, rt: NamespaceRuntime, acc: Acceptance, env: WindowEnvelope, give_up: bool = False
 ) -> None:
     snap = ctx.snapshots.get(rt.namespace)
     if snap is not None and acc.window_id in snap.applied:

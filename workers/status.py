@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from combee.playbook import render_prompt
-from workers.context import Learner
+from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 from workers.window import in_flight
 
@@ -25,7 +25,7 @@ def _quantile(values: list[float], q: float) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
 
 
-def status_of(ctx: Learner, rt: NamespaceRuntime) -> dict[str, Any]:
+def status_of(ctx: StageContext, rt: NamespaceRuntime) -> dict[str, Any]:
     snap = ctx.snapshots.get(rt.namespace)
     decision = rt.decision
     trial = rt.controller.next_trial()
@@ -53,7 +53,7 @@ def status_of(ctx: Learner, rt: NamespaceRuntime) -> dict[str, Any]:
     }
 
 
-async def republish_if_lost(ctx: Learner, rt: NamespaceRuntime) -> bool:
+async def republish_if_lost(ctx: StageContext, rt: NamespaceRuntime) -> bool:
     """Offer the namespace's newest version again when Redis no longer holds it (restarted without its data).
 
     Otherwise a quiet namespace would have no prompt in Redis until it learns its next version. Returns True
@@ -71,7 +71,7 @@ async def republish_if_lost(ctx: Learner, rt: NamespaceRuntime) -> bool:
     return True
 
 
-def idle(ctx: Learner, quiet_s: float) -> bool:
+def idle(ctx: StageContext, quiet_s: float) -> bool:
     """Nothing buffered, queued, open or in flight, nothing to publish, and no record for ``quiet_s``."""
     if time.monotonic() - ctx.last_activity < quiet_s:
         return False

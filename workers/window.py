@@ -16,7 +16,7 @@ from combee.plan import window_id
 from combee.windowing import close_size
 from streams.codec import CodecError, decode_trace
 from streams.envelopes import WindowEnvelope
-from workers.context import Learner
+from workers.context import StageContext
 from workers.runtime import Buffered, NamespaceRuntime
 
 __all__ = ["close_due_windows", "closer_loop", "handle_trace"]
@@ -24,7 +24,7 @@ __all__ = ["close_due_windows", "closer_loop", "handle_trace"]
 log = logging.getLogger("combee.worker.window")
 
 
-async def handle_trace(ctx: Learner, stream: Any, event: Any) -> None:
+async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
     """One record of the traces topic: dead-letter it, forward it to its namespace's partition, or buffer it."""
     msg = event.message
     ctx.acks.add(stream, event)
@@ -53,7 +53,7 @@ async def handle_trace(ctx: Learner, stream: Any, event: Any) -> None:
         await asyncio.sleep(0.05)
 
 
-def _target(ctx: Learner, rt: NamespaceRuntime) -> int:
+def _target(ctx: StageContext, rt: NamespaceRuntime) -> int:
     trial = rt.controller.next_trial()
     if trial is not None:
         return trial  # profiling: the first windows are trial iterations at the candidate sizes (real steps)
@@ -61,13 +61,13 @@ def _target(ctx: Learner, rt: NamespaceRuntime) -> int:
     return rt.decision.batch_size
 
 
-def in_flight(ctx: Learner, rt: NamespaceRuntime) -> int:
+def in_flight(ctx: StageContext, rt: NamespaceRuntime) -> int:
     snap = ctx.snapshots.get(rt.namespace)
     applied = snap.next_seq if snap is not None else 0
     return rt.closed_pending + max(0, rt.accepted_seq + 1 - applied)
 
 
-async def close_due_windows(ctx: Learner, now: float | None = None) -> int:
+async def close_due_windows(ctx: StageContext, now: float | None = None) -> int:
     """Close every window that the policy says is due; returns how many were closed."""
     now = time.monotonic() if now is None else now
     closed = 0
@@ -95,7 +95,9 @@ async def close_due_windows(ctx: Learner, now: float | None = None) -> int:
     return closed
 
 
-async def _close(ctx: Learner, rt: NamespaceRuntime, source_partition: int, items: list[Buffered], why: str) -> None:
+async def _close(
+    ctx: StageContext, rt: NamespaceRuntime, source_partition: int, items: list[Buffered], why: str
+) -> None:
     source = f"p{source_partition}"
     wid = window_id(rt.namespace, source, items[0].offset, items[-1].offset)
     closed_at = time.time()
@@ -127,7 +129,7 @@ async def _close(ctx: Learner, rt: NamespaceRuntime, source_partition: int, item
     log.info("closed window %s: %d traces (%s)", wid, len(items), why)
 
 
-async def closer_loop(ctx: Learner, tick_s: float = 0.1) -> None:
+async def closer_loop(ctx: StageContext, tick_s: float = 0.1) -> None:
     """Background task: close due windows when woken (new trace, window applied) or every ``tick_s``."""
     while True:
         with contextlib.suppress(TimeoutError):

@@ -1,6 +1,6 @@
 """Fencing zombie combiners (docs/reliability.md), with the in-memory Kafka of test_stages.
 
-Two learner contexts over the same topics play the old and the new owner of a partition. The old one has a
+Two stage contexts over the same topics play the old and the new owner of a partition. The old one has a
 merge in flight (its model call held back) when the new one claims the partition and applies the window;
 then the old one's merge finishes. Its record lands in the log after the new owner's claim: fenced — counted,
 and nothing of it reaches the snapshot table, the publisher or the acks.
@@ -18,7 +18,7 @@ from tests.fakes import ScriptedLLM, echo_script
 from tests.workers.test_stages import Event, MemoryKafka, Stream, feed_traces, learner
 from workers.app import _forget
 from workers.combine import ensure_ready, handle_partial
-from workers.context import Learner
+from workers.context import StageContext
 from workers.curate import handle_group
 from workers.mapper import handle_window
 from workers.window import close_due_windows
@@ -51,7 +51,7 @@ async def _turns(n: int = 100) -> None:
         await asyncio.sleep(0)
 
 
-async def deliver(ctx: Learner, kafka: MemoryKafka, stream: Stream, seen: set[Any], topics: list[str]) -> int:
+async def deliver(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: set[Any], topics: list[str]) -> int:
     """Hand every record of ``topics`` not yet in ``seen`` to its stage; let spawned work run (no waiting for
     it to finish: a held merge never would). Returns how many records were delivered."""
     gate = asyncio.Semaphore(8)
@@ -73,8 +73,8 @@ async def deliver(ctx: Learner, kafka: MemoryKafka, stream: Stream, seen: set[An
     return n
 
 
-async def old_owner_with_a_merge_in_flight(kafka: MemoryKafka) -> tuple[Learner, HeldMerges, Stream]:
-    """Learner A has windowed, mapped and curated alpha's traces and waits on a merge."""
+async def old_owner_with_a_merge_in_flight(kafka: MemoryKafka) -> tuple[StageContext, HeldMerges, Stream]:
+    """Worker A has windowed, mapped and curated alpha's traces and waits on a merge."""
     llm = HeldMerges()
     a, stream, seen = learner(kafka, llm), Stream(), set[Any]()
     await feed_traces(a, kafka, stream, "alpha", 4)
@@ -88,7 +88,7 @@ async def old_owner_with_a_merge_in_flight(kafka: MemoryKafka) -> tuple[Learner,
     return a, llm, stream
 
 
-def log_of(kafka: MemoryKafka, learner_: Learner) -> LogSplit:
+def log_of(kafka: MemoryKafka, learner_: StageContext) -> LogSplit:
     return split_log((m.partition, m.offset, m.value) for m in kafka.records(learner_.topics.deltas))
 
 

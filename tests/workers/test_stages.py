@@ -22,7 +22,7 @@ from streams.topics import Topics
 from tests.fakes import ScriptedLLM, echo_script
 from workers.app import _map_state_decode, _map_state_encode, _snapshot_decode, _snapshot_encode
 from workers.combine import handle_partial
-from workers.context import Learner, LearnerConfig
+from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
 from workers.mapper import handle_window
 from workers.state import ChangelogTable, LogRecord
@@ -86,16 +86,16 @@ class Publisher:
         return True
 
 
-def learner(kafka: MemoryKafka, llm: Any, partitions: int = 2) -> Learner:
+def learner(kafka: MemoryKafka, llm: Any, partitions: int = 2) -> StageContext:
     topics = Topics(prefix="t", partitions=partitions)
-    cfg = LearnerConfig(
+    cfg = StageConfig(
         topics=topics,
         method=MethodConfig(),
         policy=WindowPolicy(max_inflight=1, max_wait_s=0.01, bs_min=1, bs_max=64),
         bs_candidates=(4,),
         bs_default=8,
     )
-    return Learner(
+    return StageContext(
         config=cfg,
         io=kafka,  # type: ignore[arg-type]
         llm=llm,
@@ -110,7 +110,7 @@ def trace(ns: str, i: int) -> bytes:
     return json.dumps({"namespace": ns, "trace_id": f"{ns}-{i}", "task": f"task {i} of {ns}"}).encode()
 
 
-async def pump(ctx: Learner, kafka: MemoryKafka, stream: Stream, seen: set[tuple[str, int, int]]) -> int:
+async def pump(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: set[tuple[str, int, int]]) -> int:
     """Deliver every not-yet-delivered record of the learner topics to its stage; returns how many."""
     n = 0
     gate = asyncio.Semaphore(4)
@@ -135,7 +135,7 @@ async def pump(ctx: Learner, kafka: MemoryKafka, stream: Stream, seen: set[tuple
     return n
 
 
-async def run_until_quiet(ctx: Learner, kafka: MemoryKafka, stream: Stream, seen: set) -> None:
+async def run_until_quiet(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: set) -> None:
     for _ in range(200):
         await asyncio.sleep(0.02)
         closed = await close_due_windows(ctx)
@@ -143,7 +143,7 @@ async def run_until_quiet(ctx: Learner, kafka: MemoryKafka, stream: Stream, seen
             return
 
 
-async def feed_traces(ctx: Learner, kafka: MemoryKafka, stream: Stream, ns: str, n: int) -> None:
+async def feed_traces(ctx: StageContext, kafka: MemoryKafka, stream: Stream, ns: str, n: int) -> None:
     part = ctx.home_partition(ns)
     for i in range(n):
         offset = await kafka.send(ctx.topics.traces, ns.encode(), trace(ns, i), part)
@@ -245,7 +245,7 @@ async def test_a_record_the_stream_skipped_is_read_directly_and_learned() -> Non
     assert ctx.acks.pending() == 0
 
 
-async def redeliver_traces(ctx: Learner, kafka: MemoryKafka, stream: Stream, ns: str) -> None:
+async def redeliver_traces(ctx: StageContext, kafka: MemoryKafka, stream: Stream, ns: str) -> None:
     """Hand every trace record of ``ns``'s partition to the window stage again (offsets never committed)."""
     part = ctx.home_partition(ns)
     for offset, (key, value) in enumerate(kafka.logs[(ctx.topics.traces, part)]):
@@ -315,7 +315,7 @@ class EagerWindows(MemoryKafka):
     """Kafka whose consumer is faster than the producer's ack: a window reaches the map stage (another task of
     the same process) before `send` returns to the window stage that closed it."""
 
-    ctx: Learner | None = None
+    ctx: StageContext | None = None
     stream: Stream = field(default_factory=Stream)
     delivered: set[tuple[str, int, int]] = field(default_factory=set)
 
