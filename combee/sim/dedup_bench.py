@@ -26,7 +26,7 @@ from combee.models import Playbook, Trace
 from combee.playbook import playbook_tokens, render_prompt
 from combee.sim.embeddings import SimEmbedder
 from combee.sim.inproc import InProcessSim
-from combee.sim.world import _GENERIC_TAILS, WorldResponder, generate_traces, insight_keys_in, retention
+from combee.sim.world import GENERIC_TAILS, WorldResponder, generate_traces, insight_keys_in, retention
 
 __all__ = ["restatements", "run"]
 
@@ -40,7 +40,7 @@ def restatements(playbook: Playbook) -> int:
     for b in playbook.bullets:
         keys = insight_keys_in(b.content)
         low = b.content.casefold()
-        what = keys[0] if keys else next((f"tip:{t}" for t in _GENERIC_TAILS if t in low), None)
+        what = keys[0] if keys else next((f"tip:{t}" for t in GENERIC_TAILS if t in low), None)
         if what is None:
             continue
         extra += what in seen

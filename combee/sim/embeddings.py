@@ -36,14 +36,14 @@ from typing import Any
 from combee.dedup import Vector, cosine
 from combee.playbook import normalise_text
 from combee.sim.world import (
-    _ACTIONS,
-    _DOCS,
-    _GENERIC_HEADS,
-    _GENERIC_TAILS,
-    _METRICS,
-    _pick,
+    ACTIONS,
+    DOCS,
+    GENERIC_HEADS,
+    GENERIC_TAILS,
+    METRICS,
     insight_content,
     insight_keys_in,
+    seeded_pick,
 )
 from combee.tokens import estimate_tokens
 
@@ -73,15 +73,15 @@ def _facets(text: str) -> list[tuple[float, tuple[str, ...]]]:
         key = keys[0]
         return [
             (0.3, ("key", key)),
-            (1.0, ("action", _pick(_ACTIONS, "act", key))),
-            (0.25, ("metric", _pick(_METRICS, "metric", key))),
-            (0.2, ("doc", _pick(_DOCS, "doc", key))),
+            (1.0, ("action", seeded_pick(ACTIONS, "act", key))),
+            (0.25, ("metric", seeded_pick(METRICS, "metric", key))),
+            (0.2, ("doc", seeded_pick(DOCS, "doc", key))),
             (0.6, ("domain",)),
         ]
     low = text.casefold()
-    tail = next((t for t in _GENERIC_TAILS if t in low), None)
+    tail = next((t for t in GENERIC_TAILS if t in low), None)
     if tail is not None:
-        head = next((h for h in _GENERIC_HEADS if low.startswith(h.casefold())), "")
+        head = next((h for h in GENERIC_HEADS if low.startswith(h.casefold())), "")
         return [(1.1, ("tip", tail)), (0.45, ("generic",)), (0.3, ("head", head)), (0.3, ("domain",))]
     return [(1.0, ("text", normalise_text(text))), (0.3, ("domain",))]
 
@@ -156,7 +156,7 @@ def _figures(seed: int = 0) -> dict[str, float]:
     for i, k in enumerate(keys):
         for j in keys[i + 1 :]:
             c = cosine(vec[(k, 0)], vec[(j, 0)])
-            (same_action if _pick(_ACTIONS, "act", k) == _pick(_ACTIONS, "act", j) else other).append(c)
+            (same_action if seeded_pick(ACTIONS, "act", k) == seeded_pick(ACTIONS, "act", j) else other).append(c)
     return {
         "paraphrase_mean": statistics.mean(para),
         "paraphrase_min": min(para),

@@ -44,6 +44,11 @@ from typing import Any, TypeVar
 from combee.sim.protocol import SimRequest
 
 __all__ = [
+    "ACTIONS",
+    "DOCS",
+    "GENERIC_HEADS",
+    "GENERIC_TAILS",
+    "METRICS",
     "WORLDS",
     "Behaviour",
     "TestTask",
@@ -51,6 +56,7 @@ __all__ = [
     "WorldResponder",
     "generate_traces",
     "insight_keys_in",
+    "seeded_pick",
 ]
 
 _T = TypeVar("_T")
@@ -141,17 +147,17 @@ class Behaviour:
 # --- vocabulary (deterministic content of insights and tasks) ---------------------------------------------
 
 _SECTIONS = ("formulas", "units_and_scaling", "extraction", "pitfalls", "verification", "domain_facts")
-_METRICS = (
+METRICS = (
     "net margin", "EBITDA", "free cash flow", "current ratio", "debt-to-equity ratio", "diluted EPS",
     "effective tax rate", "operating leverage", "days sales outstanding", "return on equity",
     "interest coverage", "gross margin", "working capital", "book value per share", "dividend payout ratio",
     "inventory turnover", "revenue CAGR", "quick ratio", "capex intensity", "deferred revenue balance",
 )  # fmt: skip
-_DOCS = (
+DOCS = (
     "10-K table", "quarterly statement", "cash-flow statement", "footnote", "segment report",
     "balance sheet", "XBRL fact list", "earnings release",
 )  # fmt: skip
-_ACTIONS = (
+ACTIONS = (
     "divide by the average of the opening and closing balances, not the closing balance",
     "use the diluted share count of the same period",
     "convert figures reported in thousands to units before combining them",
@@ -172,11 +178,11 @@ _COMPANIES = (
     "Acme Corp", "Borealis Ltd", "Cobalt Systems", "Dunmore Foods", "Estuary Energy", "Fjord Logistics",
     "Granite Health", "Halcyon Retail", "Ironbark Mining", "Juniper Media",
 )  # fmt: skip
-_GENERIC_HEADS = (
+GENERIC_HEADS = (
     "Double-check", "Re-read", "Verify", "Confirm", "Check once more",
     "Before answering, review", "Always confirm", "Take a moment to check",
 )  # fmt: skip
-_GENERIC_TAILS = (
+GENERIC_TAILS = (
     "the units of every figure", "which period the question asks about", "the arithmetic of the final step",
     "that the answer has the requested format", "the sign of each value",
 )  # fmt: skip
@@ -192,7 +198,7 @@ def _u(*parts: object) -> float:
     return _h(*parts) / 2**64
 
 
-def _pick(seq: Sequence[_T], *parts: object) -> _T:
+def seeded_pick(seq: Sequence[_T], *parts: object) -> _T:
     return seq[_h(*parts) % len(seq)]
 
 
@@ -200,14 +206,14 @@ PHRASINGS = 5
 
 
 def insight_section(key: str) -> str:
-    return _pick(_SECTIONS, "section", key)
+    return seeded_pick(_SECTIONS, "section", key)
 
 
 def insight_content(key: str, variant: int) -> str:
     metric, doc, action = (
-        _pick(_METRICS, "metric", key),
-        _pick(_DOCS, "doc", key),
-        _pick(_ACTIONS, "act", key),
+        seeded_pick(METRICS, "metric", key),
+        seeded_pick(DOCS, "doc", key),
+        seeded_pick(ACTIONS, "act", key),
     )
     variant %= PHRASINGS
     if variant == 0:
@@ -222,12 +228,12 @@ def insight_content(key: str, variant: int) -> str:
 
 
 def generic_tip(index: int) -> str:
-    head = _GENERIC_HEADS[index % len(_GENERIC_HEADS)]
-    tail = _GENERIC_TAILS[(index // len(_GENERIC_HEADS)) % len(_GENERIC_TAILS)]
+    head = GENERIC_HEADS[index % len(GENERIC_HEADS)]
+    tail = GENERIC_TAILS[(index // len(GENERIC_HEADS)) % len(GENERIC_TAILS)]
     return f"{head} {tail}."
 
 
-GENERIC_POOL = len(_GENERIC_HEADS) * len(_GENERIC_TAILS)
+GENERIC_POOL = len(GENERIC_HEADS) * len(GENERIC_TAILS)
 
 
 def insight_keys_in(text: str) -> list[str]:
@@ -261,9 +267,9 @@ def _zipf_weights(world: World, seed_base: str) -> tuple[list[str], list[float]]
 
 
 def _task_text(world: World, key: str, j: int, kind: str, seed: int) -> tuple[str, str, str, str]:
-    metric = _pick(_METRICS, "metric", key)
-    doc = _pick(_DOCS, "doc", key)
-    company = _pick(_COMPANIES, kind, seed, j)
+    metric = seeded_pick(METRICS, "metric", key)
+    doc = seeded_pick(DOCS, "doc", key)
+    company = seeded_pick(_COMPANIES, kind, seed, j)
     year = 2015 + _h("year", kind, seed, j) % 10
     task = f"From the {doc} of {company}, compute the {metric} for FY{year}. Give the value to two decimals."
     return task, metric, doc, company
