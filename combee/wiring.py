@@ -22,7 +22,8 @@ from streams.topics import Topics
 
 if TYPE_CHECKING:
     from combee.llm_openai import OpenAILLM, RoleRouter
-    from streams.redis_store import LatestVersionPublisher, RedisPromptStore
+    from streams.redis_publisher import LatestVersionPublisher
+    from streams.redis_store import RedisPromptStore
 
 __all__ = ["build_llm", "build_near_duplicates", "build_publisher", "build_store", "build_topics", "method_config"]
 
@@ -114,13 +115,14 @@ def build_topics(settings: Settings) -> Topics:
 def build_store(settings: Settings) -> RedisPromptStore:
     """The Redis prompt store (asyncio client) under the settings' key prefix."""
     from streams.keys import RedisKeys
-    from streams.redis_store import RedisPromptStore, build_redis
+    from streams.redis_connection import build_redis
+    from streams.redis_store import RedisPromptStore
 
     return RedisPromptStore(build_redis(settings), RedisKeys(settings.key_prefix))
 
 
 def build_publisher(store: RedisPromptStore) -> LatestVersionPublisher:
     """The publisher that keeps Redis at the newest playbook version, whatever order snapshots arrive in."""
-    from streams.redis_store import LatestVersionPublisher
+    from streams.redis_publisher import LatestVersionPublisher
 
     return LatestVersionPublisher(store)

@@ -38,17 +38,8 @@ from combee.errors import CombeeError
 from combee.models import validate_namespace
 from combee.settings import Settings
 from streams.keys import RedisKeys
-from streams.redis_store import (
-    HistoryEntry,
-    RedisOptions,
-    _client_secrets,
-    _describe_error,
-    _float_or_none,
-    _text,
-    build_redis,
-    build_sync_redis,
-    parse_history,
-)
+from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
+from streams.redis_records import HistoryEntry, parse_history, reply_float, reply_text
 
 __all__ = ["AsyncPromptClient", "PromptClient", "PromptUnavailable", "PromptVersion"]
 
@@ -76,12 +67,12 @@ class PromptVersion:
 
 
 def _prompt_version(namespace: str, values: Sequence[Any]) -> PromptVersion | None:
-    version, prompt, window_id, published_at = (_text(v) for v in values)
+    version, prompt, window_id, published_at = (reply_text(v) for v in values)
     if version is None:
         return None
     if prompt is None:
         raise ValueError(f"prompt hash of namespace {namespace!r} has a version but no prompt")
-    return PromptVersion(int(version), prompt, namespace, window_id or None, _float_or_none(published_at))
+    return PromptVersion(int(version), prompt, namespace, window_id or None, reply_float(published_at))
 
 
 def _announced_version(message: Any) -> int | None:
@@ -89,7 +80,7 @@ def _announced_version(message: Any) -> int | None:
     if not isinstance(message, dict) or message.get("type") != "message":
         return None
     try:
-        return int(_text(message.get("data")) or "")
+        return int(reply_text(message.get("data")) or "")
     except ValueError:
         return None
 
@@ -176,7 +167,7 @@ class _ClientBase:
             return PromptUnavailable(f"namespace {self.namespace!r} has no published prompt yet")
         return PromptUnavailable(
             f"cannot read the prompt of namespace {self.namespace!r} and no copy is cached: "
-            f"{_describe_error(exc, self._secrets)}"
+            f"{describe_error(exc, self._secrets)}"
         )
 
     def _log_failure(self, what: str, exc: BaseException, delay: float) -> None:
@@ -185,7 +176,7 @@ class _ClientBase:
         )
 
     def _describe(self, exc: BaseException) -> str:
-        return _describe_error(exc, self._secrets)
+        return describe_error(exc, self._secrets)
 
 
 def _keys_from(keys: RedisKeys | None, key_prefix: str | None) -> RedisKeys | None:
@@ -251,7 +242,7 @@ class PromptClient(_ClientBase):
             clock=clock,
             rng=rng,
         )
-        self._secrets = _client_secrets(self._redis)
+        self._secrets = client_secrets(self._redis)
         self._sleep = sleep
         self._lock = threading.Lock()
 
@@ -426,7 +417,7 @@ class AsyncPromptClient(_ClientBase):
             clock=clock,
             rng=rng,
         )
-        self._secrets = _client_secrets(self._redis)
+        self._secrets = client_secrets(self._redis)
         self._sleep = sleep
 
     def __repr__(self) -> str:

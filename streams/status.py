@@ -36,7 +36,8 @@ def traces_lag(settings: Settings, topics: Topics) -> dict[int, int | None]:
 
 
 async def collect_status(settings: Settings, namespace: str | None = None) -> list[dict[str, Any]]:
-    from streams.redis_store import RedisPromptStore, build_redis
+    from streams.redis_connection import build_redis
+    from streams.redis_store import RedisPromptStore
 
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
     redis = build_redis(settings)

@@ -212,7 +212,7 @@ def service_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argpa
         try:
             return func(args)
         except (KafkaError, AIOKafkaError, redis.exceptions.RedisError) as exc:
-            from streams.redis_store import redact
+            from streams.redis_connection import redact
 
             service = "Redis" if isinstance(exc, redis.exceptions.RedisError) else "Kafka"
             try:

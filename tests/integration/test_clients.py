@@ -29,7 +29,8 @@ from streams.client import AsyncPromptClient, PromptClient, PromptUnavailable, P
 from streams.kafka_config import ensure_topics
 from streams.keys import RedisKeys
 from streams.publisher import TracePublisher
-from streams.redis_store import RedisPromptStore, build_redis
+from streams.redis_connection import build_redis
+from streams.redis_store import RedisPromptStore
 from streams.topics import Topics
 from tests.integration.streams_support import (
     PrivateRedis,

@@ -17,7 +17,10 @@ import pytest
 import redis.asyncio
 
 from streams.keys import RedisKeys
-from streams.redis_store import HistoryEntry, LatestVersionPublisher, RedisPromptStore, build_redis
+from streams.redis_connection import build_redis
+from streams.redis_publisher import LatestVersionPublisher
+from streams.redis_records import HistoryEntry
+from streams.redis_store import RedisPromptStore
 from tests.integration.streams_support import PrivateRedis, redis_server_binary, redis_url_or_skip, unique
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,8 @@ import pytest
 import redis.exceptions
 
 from combee.errors import InvalidNamespace
-from streams.redis_store import LatestVersionPublisher, is_retryable
+from streams.redis_connection import is_retryable
+from streams.redis_publisher import LatestVersionPublisher
 
 
 @dataclass

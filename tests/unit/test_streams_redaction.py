@@ -17,14 +17,14 @@ from streams.client import AsyncPromptClient, PromptClient, PromptUnavailable
 from streams.kafka_config import MaskedSecret, aiokafka_security_kwargs, kafka_security_kwargs
 from streams.keys import RedisKeys
 from streams.publisher import TracePublisher
-from streams.redis_store import (
-    LatestVersionPublisher,
+from streams.redis_connection import (
     RedisOptions,
-    RedisPromptStore,
     build_redis,
     build_sync_redis,
     redact,
 )
+from streams.redis_publisher import LatestVersionPublisher
+from streams.redis_store import RedisPromptStore
 
 SECRET = "s3cr3t-Pa55w0rd"
 

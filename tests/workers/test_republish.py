@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from combee.store import PublishedPrompt
-from streams.redis_store import LatestVersionPublisher
+from streams.redis_publisher import LatestVersionPublisher
 from tests.fakes import ScriptedLLM, echo_script
 from tests.workers.test_stages import MemoryKafka, Stream, feed_traces, learner, run_until_quiet
 from workers.status import republish_if_lost
