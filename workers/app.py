@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faust
 
@@ -30,6 +30,12 @@ from workers.mapper import handle_window
 from workers.state import ChangelogTable, KafkaIO
 from workers.status import idle, republish_if_lost, status_of
 from workers.window import closer_loop, handle_trace
+
+if TYPE_CHECKING:
+    from combee.embeddings import NearDuplicates
+    from combee.engine import MethodConfig
+    from streams.redis_publisher import LatestVersionPublisher
+    from streams.redis_store import RedisPromptStore
 
 __all__ = ["ROLES", "create_app"]
 
@@ -72,13 +78,13 @@ def create_app(
     *,
     roles: Iterable[str] = ROLES,
     llm: LLM,
-    store: Any,
-    publisher: Any,
-    method: Any,
+    store: RedisPromptStore,
+    publisher: LatestVersionPublisher,
+    method: MethodConfig,
     until_idle_s: float | None = None,
     faust_kwargs: dict[str, Any] | None = None,
     consumer_kwargs: dict[str, Any] | None = None,
-    dedup: Any = None,
+    dedup: NearDuplicates | None = None,
 ) -> tuple[faust.App, StageContext]:
     """Build the app and the stages' shared context (nothing connects until the worker starts)."""
     roles = set(roles)

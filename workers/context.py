@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from combee.controller import BatchSizeController
 from combee.embeddings import NearDuplicates
@@ -26,6 +26,10 @@ from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
 from workers.runtime import NamespaceRuntime
 from workers.state import ChangelogTable, KafkaIO
 from workers.tenure import Tenure
+
+if TYPE_CHECKING:
+    from streams.redis_publisher import LatestVersionPublisher
+    from streams.redis_store import RedisPromptStore
 
 __all__ = ["StageConfig", "StageContext"]
 
@@ -59,8 +63,8 @@ class StageContext:
     config: StageConfig
     io: KafkaIO
     llm: LLM
-    publisher: Any  # streams.redis_store.LatestVersionPublisher
-    store: Any  # streams.redis_store.RedisPromptStore
+    publisher: LatestVersionPublisher
+    store: RedisPromptStore
     map_table: ChangelogTable[MapState]
     snapshots: ChangelogTable[Snapshot]
     dedup: NearDuplicates | None = None  # semantic de-duplication (None: exact match only)
