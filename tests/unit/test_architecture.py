@@ -1,0 +1,125 @@
+"""The import graph keeps its shape (STYLE.md, principle 13): read from the source with ``ast``, nothing run.
+
+- no import cycle among the project's modules (every import counts: module level, inside a function, or
+  under ``TYPE_CHECKING``);
+- the command line (``combee/cli/``) sits on top: no module outside it imports it, except a ``__main__``;
+- no module imports another module's private (``_underscored``) name.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("combee", "streams", "workers", "deploy")
+CLI = "combee.cli"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> Iterator[tuple[str, list[str], int]]:
+    """``(module, names taken from it, line)`` for every import of a project module in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        assert not (isinstance(node, ast.ImportFrom) and node.level), f"{path}:{node.lineno}: a relative import"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGES:
+                    yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            yield node.module, [a.name for a in node.names], node.lineno
+
+
+def _edges() -> dict[str, set[str]]:
+    """``module -> the project modules it imports`` (``from pkg import mod`` counts as importing ``pkg.mod``)."""
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, path in MODULES.items():
+        for module, names, _ in _imports(path):
+            targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES]
+            if len(targets) < len(names) or not names:
+                targets.append(module)
+            graph[name].update(t for t in targets if t in MODULES and t != name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_modules_are_found() -> None:
+    assert {"combee.cli.main", "combee.wiring", "workers.main", "streams.topics"} <= set(MODULES)
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles(_edges()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_nothing_below_the_command_line_imports_it() -> None:
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in _edges().items()
+        if not (name == CLI or name.startswith(CLI + ".") or name.endswith(".__main__"))
+        for target in targets
+        if target == CLI or target.startswith(CLI + ".")
+    ]
+    assert offenders == []
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} takes {name} from {module}"
+        for path in MODULES.values()
+        for module, names, line in _imports(path)
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert offenders == []
