@@ -6,7 +6,8 @@ import pytest
 
 from combee.errors import ConfigError
 from combee.llm import ChatRequest
-from combee.llm_openai import EndpointConfig, OpenAILLM, _http_client
+from combee.llm_openai import EndpointConfig, OpenAILLM
+from combee.llm_openai.transport import http_client
 from combee.models import Playbook, Trace
 from combee.prompts import generator_request, reflector_request
 from combee.sim.config import SimConfig
@@ -50,13 +51,13 @@ async def test_connection_refused_is_a_connection_failure_on_aiohttp() -> None:
 
 
 def test_httpx_transport_uses_the_clients_default() -> None:
-    assert _http_client("httpx", 10.0) is None
+    assert http_client("httpx", 10.0) is None
 
 
 def test_missing_aiohttp_support_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import openai
 
     monkeypatch.delattr(openai, "DefaultAioHttpClient", raising=False)
-    assert _http_client("auto", 10.0) is None
+    assert http_client("auto", 10.0) is None
     with pytest.raises(ConfigError):
-        _http_client("aiohttp", 10.0)
+        http_client("aiohttp", 10.0)

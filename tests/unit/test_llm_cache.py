@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import combee
 from combee.errors import ConfigError
 from combee.llm import ChatResponse, Usage
-from combee.llm_cache import CACHE_FILENAME, ResponseCache, cache_key
+from combee.llm_openai.cache import CACHE_FILENAME, ResponseCache, cache_key
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 BASE: dict[str, Any] = {
@@ -212,7 +212,7 @@ def test_processes_share_one_cache_directory(tmp_path: Path) -> None:
     writer = textwrap.dedent(
         f"""
         from combee.llm import ChatResponse
-        from combee.llm_cache import ResponseCache
+        from combee.llm_openai.cache import ResponseCache
         with ResponseCache({str(tmp_path)!r}) as cache:
             print("ready", flush=True)
             for i in range(1000):

@@ -1,0 +1,55 @@
+"""Structured output: how a request's JSON schema is sent, and recognising an endpoint that refuses a mode."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, get_args
+
+import openai
+
+from combee.llm_openai.config import StructuredMode
+
+__all__ = ["FALLBACK_ORDER", "mentions_structured_output", "response_format_for", "valid_schema_name"]
+
+# "auto" tries these in order and keeps the first the endpoint accepts.
+FALLBACK_ORDER: tuple[StructuredMode, ...] = get_args(StructuredMode)
+
+
+_SCHEMA_NAME_INVALID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+_STRUCTURED_OUTPUT_WORDS = (
+    "response_format",
+    "response format",
+    "json_schema",
+    "json schema",
+    "json_object",
+    "schema",
+    "structured output",
+)
+
+
+def valid_schema_name(name: str | None) -> str:
+    # OpenAI requires ^[A-Za-z0-9_-]{1,64}$; a bad name would be a 400 that "auto" mistakes for no support.
+    cleaned = _SCHEMA_NAME_INVALID.sub("_", name or "")[:64]
+    return cleaned or "response"
+
+
+def response_format_for(mode: StructuredMode | None, name: str, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    if schema is None or mode is None or mode == "none":
+        return None
+    if mode == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+    if mode == "json_object_schema":
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_object"}
+
+
+def mentions_structured_output(exc: openai.APIStatusError) -> bool:
+    try:
+        body = json.dumps(exc.body, default=str)
+    except (TypeError, ValueError):
+        body = str(exc.body)
+    text = f"{exc.message} {body}".lower()
+    return any(word in text for word in _STRUCTURED_OUTPUT_WORDS)
