@@ -2,7 +2,7 @@
 
 Nothing here calls a model or touches I/O; the engine and the stream workers only *execute* these plans.
 
-Shape of a reduce (DESIGN.md §2): ``n`` reflections are each duplicated ``p`` times and shuffled with an RNG
+Shape of a reduce: ``n`` reflections are each duplicated ``p`` times and shuffled with an RNG
 seeded from the window's identity; the augmented list is split into ``k`` near-equal level-1 groups,
 ``k = ⌊√n⌋`` (the paper's rule), raised to ``⌈p·n / max_group_items⌉`` when a group would otherwise exceed
 ``max_group_items``. Level-1 partial deltas are then merged by calls taking at most ``max_fan_in`` inputs each,

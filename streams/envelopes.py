@@ -4,7 +4,7 @@ Each envelope names its schema (``"combee.window/1"`` …) so that a worker that
 dead-letters it with a clear reason instead of mis-reading it. Domain models (traces, reflections, ops,
 playbooks) travel inside envelopes unchanged; envelopes add only routing and bookkeeping.
 
-Flow (DESIGN.md §3)::
+Flow (as in README.md, "How it works")::
 
     traces ──window stage──▶ windows (WindowEnvelope: the window decision and its traces, durable)
     windows ──map stage──▶ groups (GroupTask per level-1 group) + partials (WindowPlan: what to expect)

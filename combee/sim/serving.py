@@ -12,7 +12,7 @@ A *profile* is a preset of :class:`~combee.sim.config.SimConfig` fields (:data:`
   tokens-per-minute limits, answered with 429 and ``Retry-After`` and announced in OpenAI's ``x-ratelimit-*``
   headers on every answer.
 * ``cpu`` — this machine's llama.cpp server (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads, 4 slots): ~55 prompt tokens/s
-  and ~20 generated tokens/s in aggregate (DESIGN.md §5), shared by the busy slots.
+  and ~20 generated tokens/s in aggregate (measured in issue 10), shared by the busy slots.
 
 Every profile has prefix caching: the prompt's longest prefix already seen (in blocks) is not prefilled again and
 is reported as ``usage.prompt_tokens_details.cached_tokens`` (vLLM's automatic prefix caching, hosted prompt
@@ -79,7 +79,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "prefix_block_tokens": 128,
         "prefix_min_tokens": 1024,
     },
-    # llama.cpp on this machine's 2 cores, 4 slots (the issue-10 measurements quoted in DESIGN.md §5).
+    # llama.cpp on this machine's 2 cores, 4 slots (the issue-10 measurements).
     "cpu": {
         "profile": "cpu",
         "max_concurrency": 4,
