@@ -25,7 +25,15 @@ if TYPE_CHECKING:
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
 
-__all__ = ["build_llm", "build_near_duplicates", "build_publisher", "build_store", "build_topics", "method_config"]
+__all__ = [
+    "build_llm",
+    "build_near_duplicates",
+    "build_publisher",
+    "build_store",
+    "build_topics",
+    "method_config",
+    "simulator_llm",
+]
 
 
 def build_llm(settings: Settings) -> OpenAILLM | RoleRouter:
@@ -59,6 +67,21 @@ def build_llm(settings: Settings) -> OpenAILLM | RoleRouter:
         if url not in by_url:
             by_url[url] = endpoint(url)
     return RoleRouter(default, {role: by_url[url] for role, url in urls.items()})
+
+
+def simulator_llm(base_url: str, *, max_concurrency: int, timeout_s: float) -> OpenAILLM:
+    """The benchmark's client of the simulator at ``base_url``: the endpoint defaults, model ``combee-sim``, and
+    nothing from the environment (a benchmark run must not change with the shell it is started from)."""
+    from combee.llm_openai import EndpointConfig, OpenAILLM
+
+    return OpenAILLM(
+        EndpointConfig(
+            base_url=base_url,
+            default_model="combee-sim",
+            max_concurrency=max_concurrency,
+            timeout_s=timeout_s,
+        )
+    )
 
 
 def build_near_duplicates(settings: Settings, *, log: Callable[[str], object] | None = None) -> NearDuplicates | None:

@@ -36,6 +36,7 @@ from combee.bench import report
 from combee.bench.spec import BenchConfig, RunSpec, factor_label, is_shared, plan_runs
 from combee.bench.worker import train
 from combee.sim.traceset import test_path, truth_path, write_trace_set
+from combee.wiring import simulator_llm
 
 __all__ = ["BenchResult", "run_bench"]
 
@@ -249,17 +250,9 @@ async def _evaluate_all(
     records: dict[str, dict[str, Any]], sets: dict[tuple[int, int], TraceSet], base_url: str, config: BenchConfig
 ) -> None:
     from combee.learner import EvalTask, evaluate
-    from combee.llm_openai import EndpointConfig, OpenAILLM
     from combee.models import Playbook
 
-    llm = OpenAILLM(
-        EndpointConfig(
-            base_url=base_url,
-            default_model="combee-sim",
-            max_concurrency=config.client_concurrency,
-            timeout_s=TRAIN_TIMEOUT_S,
-        )
-    )
+    llm = simulator_llm(base_url, max_concurrency=config.client_concurrency, timeout_s=TRAIN_TIMEOUT_S)
 
     async def one(record: dict[str, Any]) -> None:
         tests = sets[(record["seed"], record["n_traces"])].tests

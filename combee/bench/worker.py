@@ -22,9 +22,9 @@ from combee.controller import BatchSizeController
 from combee.engine import Method, MethodConfig
 from combee.learner import LearnConfig, LearnResult, learn
 from combee.llm import LLM, ChatRequest, ChatResponse, Role
-from combee.llm_openai import EndpointConfig, OpenAILLM
 from combee.playbook import playbook_tokens
 from combee.tracefile import read_traces
+from combee.wiring import simulator_llm
 
 __all__ = ["InFlightProbe", "SentCall", "plan_checks", "sent_checks", "train"]
 
@@ -165,14 +165,7 @@ async def _train(
     spec: RunSpec, base_url: str, traces_path: str, concurrency: int, timeout_s: float, sim_config: dict[str, Any]
 ) -> dict:
     traces = read_traces(Path(traces_path)).traces[: spec.n_traces]
-    client = OpenAILLM(
-        EndpointConfig(
-            base_url=base_url,
-            default_model="combee-sim",
-            max_concurrency=concurrency,
-            timeout_s=timeout_s,
-        )
-    )
+    client = simulator_llm(base_url, max_concurrency=concurrency, timeout_s=timeout_s)
     probe = InFlightProbe(client)
     controller = (
         BatchSizeController(candidates=spec.auto_grid, bs_max=spec.auto_max) if spec.batch_size == "auto" else None
