@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from combee.dedup import Vector
 from combee.errors import LLMUnavailable
-from combee.settings import redact_url
+from combee.redaction import redact_url
 
 __all__ = ["OpenAIEmbedder"]
 

@@ -15,17 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from combee.dedup import DEFAULT_THRESHOLD
 from combee.llm import DEFAULT_REASONING_MODELS, Role
 
-__all__ = ["Settings", "redact_url"]
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password (``scheme://user:password@host``) replaced by ``***``."""
-    if "://" not in url or "@" not in url.split("://", 1)[1].split("/", 1)[0]:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.split("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://***@{host}"
+__all__ = ["Settings"]
 
 
 class Settings(BaseSettings):

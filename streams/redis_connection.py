@@ -2,13 +2,12 @@
 keeping secrets out of what this package says.
 
 :func:`build_redis` / :func:`build_sync_redis` make clients with TLS, credentials, timeouts and health checks.
-:func:`redact` masks secrets and URL passwords in a text; :func:`is_retryable` tells a passing failure (Redis
-down, loading, read-only, ...) from a lasting one.
+:func:`describe_error` is an exception's message with secrets masked (the rules are :mod:`combee.redaction`);
+:func:`is_retryable` tells a passing failure (Redis down, loading, read-only, ...) from a lasting one.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,41 +23,23 @@ from pydantic import SecretStr
 from redis.backoff import ExponentialWithJitterBackoff
 
 from combee.errors import ConfigError
-from combee.settings import redact_url
+from combee.redaction import URL_CREDENTIALS, redact, redact_url
 
 if TYPE_CHECKING:
     from combee.settings import Settings
 
 __all__ = [
-    "URL_CREDENTIALS",
     "RedisOptions",
     "build_redis",
     "build_sync_redis",
     "client_secrets",
     "describe_error",
     "is_retryable",
-    "redact",
 ]
 
 # ---------------------------------------------------------------------------------------------------------
 # Redaction and error classes
 # ---------------------------------------------------------------------------------------------------------
-
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<creds>[^/@\s]+)@")
-
-
-def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """``text`` with every ``secret`` (non-empty) and every URL password (``scheme://user:pw@``) masked as ``***``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-
-    def mask(m: re.Match[str]) -> str:
-        creds = m.group("creds")
-        user = creds.split(":", 1)[0] if ":" in creds else ""
-        return f"{m.group('scheme')}{user}:***@" if user else f"{m.group('scheme')}***@"
-
-    return URL_CREDENTIALS.sub(mask, text)
 
 
 def describe_error(exc: BaseException, secrets: Iterable[str | None] = ()) -> str:

@@ -33,10 +33,11 @@ import redis.retry
 
 from combee.errors import ConfigError
 from combee.models import validate_namespace
+from combee.redaction import redact
 from combee.store import PromptStore, PublishedPrompt
 from combee.tokens import estimate_tokens
 from streams.keys import RedisKeys
-from streams.redis_connection import client_secrets, redact
+from streams.redis_connection import client_secrets
 from streams.redis_records import HistoryEntry, check_version, parse_history, parse_prompt_fields, reply_text
 
 if TYPE_CHECKING:

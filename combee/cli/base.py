@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from combee.models import Trace, validate_namespace
+from combee.redaction import redact
 from combee.settings import Settings
 from combee.tracefile import read_traces
 
@@ -212,8 +213,6 @@ def service_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argpa
         try:
             return func(args)
         except (KafkaError, AIOKafkaError, redis.exceptions.RedisError) as exc:
-            from streams.redis_connection import redact
-
             service = "Redis" if isinstance(exc, redis.exceptions.RedisError) else "Kafka"
             try:
                 s = stream_settings(args)

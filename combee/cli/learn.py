@@ -22,7 +22,8 @@ from combee.cli.base import (
     settings_from_args,
 )
 from combee.playbook import ApplyStats
-from combee.settings import Settings, redact_url
+from combee.redaction import redact_url
+from combee.settings import Settings
 from combee.wiring import build_llm, build_near_duplicates, method_config
 
 __all__ = ["add_learn_command", "cmd_learn", "metrics_document"]

@@ -24,10 +24,10 @@ import urllib.request
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 from combee.cli.base import CliError, Progress, given_options, positive_int
-from combee.settings import Settings, redact_url
+from combee.redaction import redact_url, strip_query
+from combee.settings import Settings
 from combee.tasks.data import DATA_ENV, default_data_dir
 from combee.wiring import build_llm, method_config
 
@@ -88,8 +88,7 @@ def add_task_command(subparsers: Any) -> argparse.ArgumentParser:
 
 def display_url(url: str) -> str:
     """``url`` without its query and fragment, its password redacted."""
-    parts = urlsplit(url)
-    return redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
+    return redact_url(strip_query(url))
 
 
 def probe_models(base_url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:

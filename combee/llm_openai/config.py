@@ -7,11 +7,12 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from combee.llm import DEFAULT_REASONING_MODELS, Role, Usage
+from combee.redaction import endpoint_url
 
 __all__ = [
     "DEFAULT_API_KEY",
@@ -41,15 +42,6 @@ StructuredOutput = Literal["auto", "json_schema", "json_object_schema", "json_ob
 
 HttpTransport = Literal["auto", "aiohttp", "httpx"]
 """The HTTP library under the ``openai`` client: see :class:`EndpointConfig`."""
-
-
-def _display_url(url: str) -> str:
-    """``url`` without user-info, query or fragment: safe to put in logs and error messages."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 class EndpointConfig(BaseModel):
@@ -117,7 +109,7 @@ class EndpointConfig(BaseModel):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
                 "must be an absolute http(s) URL including the API prefix, e.g. http://127.0.0.1:8080/v1"
-                f" (got {_display_url(value)!r})"
+                f" (got {endpoint_url(value)!r})"
             )
         return value
 
@@ -160,7 +152,7 @@ class EndpointConfig(BaseModel):
     @property
     def display_url(self) -> str:
         """``base_url`` without credentials, query or fragment, for logs and messages."""
-        return _display_url(self.base_url)
+        return endpoint_url(self.base_url)
 
     def cost_usd(self, usage: Usage) -> float | None:
         """Dollar cost of ``usage`` at the configured prices, or ``None`` when no price is configured."""

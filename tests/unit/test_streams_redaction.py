@@ -12,6 +12,7 @@ import redis.exceptions
 from pydantic import SecretStr
 
 from combee.errors import ConfigError
+from combee.redaction import redact
 from combee.settings import Settings
 from streams.client import AsyncPromptClient, PromptClient, PromptUnavailable
 from streams.kafka_config import MaskedSecret, aiokafka_security_kwargs, kafka_security_kwargs
@@ -21,7 +22,6 @@ from streams.redis_connection import (
     RedisOptions,
     build_redis,
     build_sync_redis,
-    redact,
 )
 from streams.redis_publisher import LatestVersionPublisher
 from streams.redis_store import RedisPromptStore
