@@ -1,0 +1,136 @@
+"""The JSON schema of every role's answer, built per request: strict-mode compatible (every property required,
+no free-form ids)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from combee.models import (
+    LIMITS,
+    Tag,
+)
+
+__all__ = [
+    "DIAGNOSIS_SCHEMA_CHARS",
+    "GENERATOR_ANSWER_CHARS",
+    "GENERATOR_REASONING_CHARS",
+    "LESSON_PATTERN",
+    "curator_schema",
+    "generator_schema",
+    "merger_schema",
+    "reflector_schema",
+]
+
+
+_BLANK_UNICODE = "\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+LESSON_PATTERN = r"^[^\x00-\x20\x7f-\xa0" + _BLANK_UNICODE + "].{0," + str(LIMITS.bullet_chars - 1) + "}$"
+"""A lesson's text as the parser accepts it: one line that starts with a visible character, at most
+``bullet_chars`` long.
+
+The parser trims whitespace and drops control characters and then needs something left; a pattern is the one
+way to say "not blank" in a schema. It also carries the length, because llama.cpp's own schema converter
+ignores ``maxLength`` next to a ``pattern``. It avoids ``\\s``/``\\S``, which that converter does not
+honour (measured: a pattern with them let the model write past the length); the Unicode blanks are literal
+characters, not escapes, for the same reason."""
+
+
+_TAG_VALUES = [t.value for t in Tag]
+
+
+DIAGNOSIS_SCHEMA_CHARS = 600  # the parser keeps up to LIMITS.diagnosis_chars; a short one is asked for
+
+
+GENERATOR_REASONING_CHARS = 1000
+
+
+GENERATOR_ANSWER_CHARS = 300
+
+
+def _lesson_schema() -> dict[str, Any]:
+    return {"type": "string", "maxLength": LIMITS.bullet_chars, "pattern": LESSON_PATTERN}
+
+
+def _section_schema() -> dict[str, Any]:
+    # Any text is a section to the parser (it is slugged, and a blank one becomes "general"); bounded for brevity.
+    return {"type": "string", "minLength": 1, "maxLength": LIMITS.section_chars}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _op_schema(bullet_ids: Sequence[str]) -> dict[str, Any]:
+    add = _object(
+        {"op": {"type": "string", "enum": ["ADD"]}, "section": _section_schema(), "content": _lesson_schema()}
+    )
+    if not bullet_ids:
+        return add
+    ids = {"type": "string", "enum": list(bullet_ids)}
+    update = _object({"op": {"type": "string", "enum": ["UPDATE"]}, "bullet_id": ids, "content": _lesson_schema()})
+    remove = _object({"op": {"type": "string", "enum": ["REMOVE"]}, "bullet_id": dict(ids)})
+    return {"anyOf": [add, update, remove]}
+
+
+def reflector_schema(bullet_ids: Sequence[str]) -> dict[str, Any]:
+    """The reflection schema for a request that shows the bullets ``bullet_ids`` (no tags when there are none)."""
+    insight = _object({"section": _section_schema(), "content": _lesson_schema()})
+    properties: dict[str, Any] = {
+        "diagnosis": {"type": "string", "maxLength": DIAGNOSIS_SCHEMA_CHARS},
+        "insights": {"type": "array", "maxItems": LIMITS.insights_per_reflection, "items": insight},
+    }
+    if bullet_ids:
+        tag = _object(
+            {
+                "bullet_id": {"type": "string", "enum": list(bullet_ids)},
+                "tag": {"type": "string", "enum": list(_TAG_VALUES)},
+            }
+        )
+        properties["bullet_tags"] = {
+            "type": "array",
+            "maxItems": min(LIMITS.tags_per_reflection, len(bullet_ids)),
+            "items": tag,
+        }
+    return _object(properties)
+
+
+def curator_schema(bullet_ids: Sequence[str], max_ops: int = LIMITS.ops_per_llm_answer) -> dict[str, Any]:
+    """The operations schema: ADD always; UPDATE/REMOVE of the shown ``bullet_ids`` when there are any.
+
+    ``max_ops`` (at most the parser's limit) bounds the list, so a small model cannot ramble on to its token
+    limit and cut its own answer off.
+    """
+    items = min(max(max_ops, 1), LIMITS.ops_per_llm_answer)
+    return _object({"operations": {"type": "array", "maxItems": items, "items": _op_schema(bullet_ids)}})
+
+
+def merger_schema(proposal_ids: Sequence[str], bullet_ids: Sequence[str]) -> dict[str, Any]:
+    """The merge schema: ``keep``/``from`` name listed proposals; combined operations target ``bullet_ids``.
+
+    At most one combined operation per two proposals (a combination merges at least two).
+    """
+    pid = {"type": "string", "enum": list(proposal_ids)}
+    entry = _object({"from": {"type": "array", "minItems": 1, "items": dict(pid)}, "op": _op_schema(bullet_ids)})
+    combined = min(max(len(proposal_ids) // 2, 1), LIMITS.ops_per_llm_answer)
+    return _object(
+        {
+            "keep": {"type": "array", "maxItems": len(proposal_ids), "items": pid},
+            "combine": {"type": "array", "maxItems": combined, "items": entry},
+        }
+    )
+
+
+def generator_schema() -> dict[str, Any]:
+    return _object(
+        {
+            "reasoning": {"type": "string", "maxLength": GENERATOR_REASONING_CHARS},
+            "final_answer": {"type": "string", "maxLength": GENERATOR_ANSWER_CHARS},
+        }
+    )
