@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from combee.controller import BatchSizeController, ControllerDecision
 from combee.embeddings import NearDuplicates
-from combee.engine import Meter, Method, MethodConfig, Window, WindowResult, run_window
+from combee.engine import Method, MethodConfig, Window, WindowResult, run_window
 from combee.errors import ConfigError, LLMParseError
 from combee.llm import LLM
+from combee.meter import Meter
 from combee.models import Playbook, Trace
 from combee.playbook import ApplyStats, playbook_tokens
 from combee.prompts import DEFAULT_PROMPTS, PromptSet, generator_request, parse_answer

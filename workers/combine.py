@@ -20,7 +20,8 @@ import logging
 import time
 from typing import Any
 
-from combee.engine import Meter, fold_delta_ops, merge
+from combee.engine import fold_delta_ops, merge
+from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
 from combee.scan import ReadyNode, ReduceTracker

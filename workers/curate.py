@@ -10,7 +10,8 @@ import asyncio
 import logging
 from typing import Any
 
-from combee.engine import Meter, curate
+from combee.engine import curate
+from combee.meter import Meter
 from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, Partial
 from workers.context import StageContext

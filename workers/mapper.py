@@ -12,7 +12,8 @@ import logging
 import time
 from typing import Any
 
-from combee.engine import Meter, reflect
+from combee.engine import reflect
+from combee.meter import Meter
 from combee.models import Playbook
 from combee.playbook import count_tags
 from combee.scan import tree_shape

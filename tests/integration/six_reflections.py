@@ -20,7 +20,8 @@ import sys
 from combee.dedup import DEFAULT_THRESHOLD, conflict
 from combee.embed_local import MiniLMEmbedder
 from combee.embeddings import NearDuplicates
-from combee.engine import Meter, curate
+from combee.engine import curate
+from combee.meter import Meter
 from combee.models import AddOp, Delta, Insight, Playbook, Reflection
 from combee.playbook import apply_delta
 from combee.settings import Settings
