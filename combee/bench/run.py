@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from combee.bench import report
+from combee.bench import report, tables
 from combee.bench.spec import BenchConfig, RunSpec, factor_label, is_shared, plan_runs
 from combee.bench.worker import train
 from combee.sim.traceset import test_path, truth_path, write_trace_set
@@ -365,8 +365,8 @@ def run_bench(
         "simulator": _sim_settings(config, external),
         "runs": summary_runs,
         "summary": report.aggregate(summary_runs),
-        "merge_factors": report.factor_table(summary_runs),
-        "controllers": report.controller_table(summary_runs),
+        "merge_factors": tables.factor_table(summary_runs),
+        "controllers": tables.controller_table(summary_runs),
         "calibration": report.calibration(summary_runs, config.n_traces),
         "acceptance": [asdict(c) for c in checks],
     }
@@ -378,7 +378,7 @@ def run_bench(
         document["plots"] = []
         log(f"plots skipped: {exc} (pip install 'combee[bench]')")
     (config.out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
-    (config.out / "results.md").write_text(report.markdown(document))
+    (config.out / "results.md").write_text(tables.markdown(document))
     log(f"wrote {config.out / 'results.json'}, {config.out / 'results.md'} in {bench_wall / 60:.1f} min")
     return BenchResult(document, config.out)
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from combee.bench.report import acceptance, aggregate, calibration, markdown, median
+from combee.bench.report import acceptance, aggregate, calibration, median
 from combee.bench.spec import PAPER_FORMULA_NAIVE, RunSpec
+from combee.bench.tables import markdown
 
 
 def record(
