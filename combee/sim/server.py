@@ -33,8 +33,8 @@ One completion, in order:
    the malformed-content fault, then ``max_tokens`` truncation
    (``finish_reason="length"``; truncated JSON stays broken).
 5. Usage: ``prompt_tokens`` = Σ over messages of (``estimate_tokens`` of its text — content string or text
-   parts, plus tool-call names and arguments — + :data:`PER_MESSAGE_TOKENS`), as :mod:`combee.sim.inproc`;
-   ``completion_tokens`` = ``estimate_tokens`` of the content or of the tool calls' arguments.
+   parts, plus tool-call names and arguments — + :data:`~combee.sim.wire.PER_MESSAGE_TOKENS`), as
+   :mod:`combee.sim.inproc`; ``completion_tokens`` = ``estimate_tokens`` of the content or of the tool calls' arguments.
 6. Timing: wait FIFO for one of ``max_concurrency`` slots, hold it for the simulated service time
    (:mod:`combee.sim.latency`; a stream spends the first-token part before the first delta and spreads the
    decode part over the chunks), release, answer.
@@ -46,16 +46,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import math
 import random
 import socket
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -67,305 +64,33 @@ from combee.sim.generic import (
     Answer,
     InvalidRequest,
     generic_answer,
-    requested_schema,
     truncate_answer,
     within_contract,
 )
 from combee.sim.latency import ServiceTime, draw_jitter, service_breakdown
 from combee.sim.protocol import Responder, SimRequest
-from combee.sim.serving import Admission, PrefixCache, RateLimiter, SharedThroughput, format_duration
+from combee.sim.state import STATE_KEY, SimState
+from combee.sim.wire import (
+    assistant_message,
+    decode_chat,
+    error_response,
+    json_response,
+    rate_headers,
+    request_digest,
+    stream_pieces,
+    timing_headers,
+)
 from combee.tokens import estimate_tokens
 
-__all__ = [
-    "FINGERPRINT",
-    "PER_MESSAGE_TOKENS",
-    "STATE_KEY",
-    "FifoSlots",
-    "SimState",
-    "build_app",
-    "request_digest",
-    "serve",
-    "start_site",
-]
+__all__ = ["FINGERPRINT", "build_app", "serve", "start_site"]
 
 log = logging.getLogger("combee.sim")
 
+
 FINGERPRINT = "combee-sim"
-PER_MESSAGE_TOKENS = 4
-"""Prompt tokens charged per message on top of its text (role and delimiters, as chat templates add)."""
+
 
 _OWNER = "combee-sim (simulated, not a real model)"
-_EXCLUDED_FROM_DIGEST = ("stream", "stream_options", "user")
-_JSON = "application/json"
-
-
-class FifoSlots:
-    """A counting semaphore that grants slots strictly in arrival order.
-
-    A released slot is handed directly to the oldest live waiter, so no late arrival can overtake it. A
-    waiter cancelled after being granted a slot passes the slot on.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._free = capacity
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self.waiting = 0
-
-    @property
-    def busy(self) -> int:
-        """Slots currently held."""
-        return self.capacity - self._free
-
-    async def acquire(self) -> None:
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        self.waiting += 1
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self.release()
-            raise
-        finally:
-            self.waiting -= 1
-
-    def release(self) -> None:
-        while self._waiters:
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                return
-        self._free += 1
-
-
-class SimState:
-    """One server's mutable state: the current config (faults change at run time), slots and counters."""
-
-    def __init__(self, config: SimConfig, responder: Responder | None) -> None:
-        self.config = config
-        self.responder = responder
-        self.slots = FifoSlots(config.max_concurrency)
-        self.prefix = (
-            PrefixCache(config.prefix_block_tokens, min_tokens=config.prefix_min_tokens)
-            if config.prefix_cache
-            else None
-        )
-        limited = config.requests_per_minute is not None or config.tokens_per_minute is not None
-        self.limiter = (
-            RateLimiter(config.requests_per_minute or 10**9, config.tokens_per_minute or 10**12)
-            if limited and config.time_scale > 0
-            else None
-        )
-        self.engine = (
-            SharedThroughput(
-                config.prefill_tokens_per_s_total or 1.0,
-                config.decode_tokens_per_s_total or 1.0,
-                config.decode_tokens_per_s,
-                config.time_scale,
-            )
-            if config.shared_throughput
-            else None
-        )
-        self.counter = 0  # never reset: it feeds the fault rng
-        self.in_flight = 0
-        self.started = time.monotonic()
-        self.reset_stats()
-
-    def reset_stats(self) -> None:
-        """Zero the counters (not ``in_flight``/``queued``, which describe the present)."""
-        self.requests = 0
-        self.by_status: Counter[str] = Counter()
-        self.faults: Counter[str] = Counter()
-        self.answered_by: Counter[str] = Counter()
-        self.finish_reasons: Counter[str] = Counter()
-        self.service_s = 0.0
-        self.queue_s = 0.0
-        self.responder_s = 0.0
-        self.prompt_tokens = 0
-        self.cached_prompt_tokens = 0
-        self.completion_tokens = 0
-        self.rate_limited = 0
-        self.cpu_mark = time.process_time()
-        self.wall_mark = time.monotonic()
-
-    def stats(self) -> dict[str, Any]:
-        """The ``/admin/stats`` document (``cpu_s`` is this process's CPU time since the last reset)."""
-        return {
-            "simulated": True,
-            "requests": self.requests,
-            "by_status": dict(self.by_status),
-            "faults": dict(self.faults),
-            "answered_by": dict(self.answered_by),
-            "finish_reasons": dict(self.finish_reasons),
-            "in_flight": self.in_flight,
-            "queued": self.slots.waiting,
-            "busy_slots": self.slots.busy,
-            "max_concurrency": self.slots.capacity,
-            "service_s_total": self.service_s,
-            "queue_s_total": self.queue_s,
-            "responder_s_total": self.responder_s,
-            "profile": self.config.profile,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_prompt_tokens": self.cached_prompt_tokens,
-            "rate_limited": self.rate_limited,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "cpu_s": time.process_time() - self.cpu_mark,
-            "wall_s": time.monotonic() - self.wall_mark,
-            "uptime_s": time.monotonic() - self.started,
-        }
-
-
-STATE_KEY = web.AppKey("combee_sim_state", SimState)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Request decoding
-
-
-@dataclass(frozen=True)
-class _Chat:
-    request: SimRequest
-    stream: bool
-    include_usage: bool
-    prompt_tokens: int
-    prompt_text: str
-
-
-def request_digest(seed: int, body: Mapping[str, Any]) -> bytes:
-    """sha256 of ``f"{seed}|"`` + the canonical JSON of ``body`` minus stream/stream_options/user."""
-    kept = {k: v for k, v in body.items() if k not in _EXCLUDED_FROM_DIGEST}
-    canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(f"{seed}|{canonical}".encode()).digest()
-
-
-def _message_text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    parts: list[str] = []
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        parts.extend(str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text")
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            function = call.get("function") if isinstance(call, Mapping) else None
-            if isinstance(function, Mapping):
-                parts.append(str(function.get("name", "")))
-                parts.append(str(function.get("arguments", "")))
-    return "".join(parts) if len(parts) != 1 else parts[0]
-
-
-def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"{key} must be a positive integer", key)
-    return value
-
-
-def _decode_chat(body: Any) -> _Chat:
-    """Validate a ``/v1/chat/completions`` body like a strict OpenAI-compatible server would."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required", "model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise InvalidRequest("messages must be a non-empty list of message objects", "messages")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise InvalidRequest("the simulator supports only n = 1 (one choice per request)", "n")
-    stream = body.get("stream") is True
-    options = body.get("stream_options")
-    include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-    response_format = body.get("response_format")
-    if response_format is not None and not isinstance(response_format, dict):
-        raise InvalidRequest("response_format must be an object", "response_format")
-    requested_schema(response_format)  # validates its shape
-    tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise InvalidRequest("tools must be a list of tool objects", "tools")
-    max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
-    temperature = body.get("temperature")
-    seed = body.get("seed")
-    request = SimRequest(
-        model=model,
-        messages=messages,
-        response_format=response_format,
-        tools=tools or None,
-        tool_choice=body.get("tool_choice"),
-        max_tokens=max_tokens,
-        temperature=float(temperature) if isinstance(temperature, int | float) else None,
-        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
-    )
-    texts = [_message_text(m) for m in messages]
-    prompt_tokens = sum(estimate_tokens(t) + PER_MESSAGE_TOKENS for t in texts)
-    # what prefix caching compares: the messages in order, each with its role (a chat template's layout)
-    prompt_text = "".join(f"<|{m.get('role')}|>{t}" for m, t in zip(messages, texts, strict=True))
-    return _Chat(request, stream, include_usage, prompt_tokens, prompt_text)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Responses
-
-
-def _json_response(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> web.Response:
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    return web.Response(status=status, body=body, content_type=_JSON, headers=headers)
-
-
-def _error(
-    status: int,
-    message: str,
-    kind: str,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    payload = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return _json_response(status, payload, headers)
-
-
-def _message(answer: Answer) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
-    if answer.tool_calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in answer.tool_calls
-        ]
-    return message
-
-
-def _rate_headers(admission: Admission, time_scale: float) -> dict[str, str]:
-    """OpenAI's ``x-ratelimit-*`` headers (reset times scaled by ``time_scale`` like every simulated delay)."""
-    return {
-        "x-ratelimit-limit-requests": str(admission.limit_requests),
-        "x-ratelimit-remaining-requests": str(admission.remaining_requests),
-        "x-ratelimit-reset-requests": format_duration(admission.reset_requests_s * time_scale),
-        "x-ratelimit-limit-tokens": str(admission.limit_tokens),
-        "x-ratelimit-remaining-tokens": str(admission.remaining_tokens),
-        "x-ratelimit-reset-tokens": format_duration(admission.reset_tokens_s * time_scale),
-    }
-
-
-def _timing_headers(service: ServiceTime, queue_s: float) -> dict[str, str]:
-    # repr: exact round-trip, so tiny time_scales keep full precision
-    return {"x-combee-service-time": repr(service.total_s), "x-combee-queue-time": repr(queue_s)}
-
-
-def _pieces(text: str, count: int) -> list[str]:
-    if count <= 1 or len(text) <= count:
-        return [text] if text else []
-    size = math.ceil(len(text) / count)
-    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 class _Completion:
@@ -381,14 +106,14 @@ class _Completion:
         state, config = self.state, self.config
         if config.outage:
             state.faults["outage"] += 1
-            return _error(503, "simulated outage: the endpoint is unavailable", "service_unavailable")
+            return error_response(503, "simulated outage: the endpoint is unavailable", "service_unavailable")
         try:
             body = json.loads(await self.http.read())
-            chat = _decode_chat(body)
+            chat = decode_chat(body)
         except InvalidRequest as exc:
-            return _error(400, str(exc), "invalid_request_error", param=exc.param)
+            return error_response(400, str(exc), "invalid_request_error", param=exc.param)
         except ValueError as exc:
-            return _error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+            return error_response(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
         request = chat.request
         digest = request_digest(config.seed, body)  # before the responder sees (and could mutate) the body
 
@@ -407,12 +132,12 @@ class _Completion:
             admission = state.limiter.admit(
                 chat.prompt_tokens + (request.max_tokens or 0), loop_now / config.time_scale
             )
-            limit_headers = _rate_headers(admission, config.time_scale)
+            limit_headers = rate_headers(admission, config.time_scale)
             if not admission.admitted:
                 state.rate_limited += 1
                 wait = admission.retry_after_s * config.time_scale
                 hint = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": f"{wait * 1000.0:.3f}"}
-                return _error(
+                return error_response(
                     429,
                     "simulated rate limit (requests or tokens per minute): retry after the indicated delay",
                     "requests" if admission.remaining_requests < 1 else "tokens",
@@ -424,11 +149,11 @@ class _Completion:
         try:
             answer = self._answer(request, rng)
         except InvalidRequest as exc:
-            return _error(400, str(exc), "invalid_request_error", param=exc.param)
+            return error_response(400, str(exc), "invalid_request_error", param=exc.param)
         except Exception as exc:  # a world-model bug: loud, and visible to the client
             log.exception("responder failed")
             state.faults["responder_error"] += 1
-            return _error(500, f"simulator responder failed: {exc!r}", "server_error")
+            return error_response(500, f"simulator responder failed: {exc!r}", "server_error")
         if fault is FaultKind.MALFORMED and frng is not None:
             answer, how = malform(answer, frng)
             state.faults[FaultKind.MALFORMED.value] += 1
@@ -487,14 +212,14 @@ class _Completion:
             "choices": [
                 {
                     "index": 0,
-                    "message": _message(answer),
+                    "message": assistant_message(answer),
                     "logprobs": None,
                     "finish_reason": answer.finish_reason,
                 }
             ],
             "usage": usage,
         }
-        return _json_response(200, payload, {**_timing_headers(service, queue_s), **limit_headers})
+        return json_response(200, payload, {**timing_headers(service, queue_s), **limit_headers})
 
     def _answer(self, request: SimRequest, rng: random.Random) -> Answer:
         responder = self.state.responder
@@ -514,9 +239,9 @@ class _Completion:
     async def _fault_response(self, fault: FaultKind) -> web.Response:
         config = self.config
         if fault is FaultKind.HTTP_500:
-            return _error(500, "simulated internal server error", "server_error")
+            return error_response(500, "simulated internal server error", "server_error")
         if fault is FaultKind.HTTP_429:
-            return _error(
+            return error_response(
                 429,
                 "simulated rate limit: please retry after the indicated delay",
                 "requests",
@@ -526,7 +251,7 @@ class _Completion:
         hang = config.timeout_hang_s * config.time_scale
         if hang > 0.0:
             await asyncio.sleep(hang)
-        return _error(504, f"simulated timeout: no answer within {hang:.3f} s", "timeout")
+        return error_response(504, f"simulated timeout: no answer within {hang:.3f} s", "timeout")
 
     async def _stream(
         self,
@@ -540,7 +265,7 @@ class _Completion:
         extra_headers: Mapping[str, str],
         served: bool,
     ) -> web.StreamResponse:
-        headers = {**_timing_headers(service, queue_s), **extra_headers}
+        headers = {**timing_headers(service, queue_s), **extra_headers}
         headers["Content-Type"] = "text/event-stream"
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=200, headers=headers)
@@ -564,7 +289,7 @@ class _Completion:
             return event([{"index": 0, "delta": value, "logprobs": None, "finish_reason": finish}])
 
         text = answer.tool_calls[0].arguments if answer.tool_calls else (answer.content or "")
-        pieces = _pieces(text, min(16, max(1, math.ceil(usage["completion_tokens"] / 8))))
+        pieces = stream_pieces(text, min(16, max(1, math.ceil(usage["completion_tokens"] / 8))))
         pause = service.decode_s / len(pieces) if pieces and not served else 0.0
         with contextlib.suppress(ConnectionError):
             if service.first_token_s > 0.0 and not served:
@@ -597,10 +322,6 @@ class _Completion:
         return response
 
 
-# ------------------------------------------------------------------------------------------------------------
-# Handlers
-
-
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     state.requests += 1
@@ -613,7 +334,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         raise
     except Exception:
         log.exception("simulator failed on a request")
-        response = _error(500, "internal simulator error (see the simulator's log)", "server_error")
+        response = error_response(500, "internal simulator error (see the simulator's log)", "server_error")
     finally:
         state.in_flight -= 1
     state.by_status[str(response.status)] += 1
@@ -634,18 +355,18 @@ async def _embeddings(request: web.Request) -> web.Response:
     try:
         body = json.loads(await request.read())
     except ValueError:
-        return _error(400, "the body is not JSON", "invalid_request_error")
+        return error_response(400, "the body is not JSON", "invalid_request_error")
     status, payload = embeddings_answer(body, request.app[STATE_KEY].config.seed)
-    return _json_response(status, payload)
+    return json_response(status, payload)
 
 
 async def _models(request: web.Request) -> web.Response:
     models = request.app[STATE_KEY].config.models
-    return _json_response(200, {"object": "list", "data": [_model_card(m) for m in models]})
+    return json_response(200, {"object": "list", "data": [_model_card(m) for m in models]})
 
 
 async def _model(request: web.Request) -> web.Response:
-    return _json_response(200, _model_card(request.match_info["model"]))
+    return json_response(200, _model_card(request.match_info["model"]))
 
 
 async def _root(request: web.Request) -> web.Response:
@@ -653,11 +374,11 @@ async def _root(request: web.Request) -> web.Response:
 
 
 async def _admin_config(request: web.Request) -> web.Response:
-    return _json_response(200, request.app[STATE_KEY].config.model_dump(mode="json"))
+    return json_response(200, request.app[STATE_KEY].config.model_dump(mode="json"))
 
 
 async def _admin_faults_get(request: web.Request) -> web.Response:
-    return _json_response(200, request.app[STATE_KEY].config.faults())
+    return json_response(200, request.app[STATE_KEY].config.faults())
 
 
 async def _admin_faults_post(request: web.Request) -> web.Response:
@@ -668,19 +389,19 @@ async def _admin_faults_post(request: web.Request) -> web.Response:
             raise ValueError("the body must be a JSON object of fault settings")
         state.config = state.config.with_faults(**changes)
     except ValueError as exc:
-        return _error(400, str(exc), "invalid_request_error")
+        return error_response(400, str(exc), "invalid_request_error")
     log.info("faults now %s", state.config.faults())
-    return _json_response(200, state.config.faults())
+    return json_response(200, state.config.faults())
 
 
 async def _admin_stats(request: web.Request) -> web.Response:
-    return _json_response(200, request.app[STATE_KEY].stats())
+    return json_response(200, request.app[STATE_KEY].stats())
 
 
 async def _admin_stats_reset(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.reset_stats()
-    return _json_response(200, state.stats())
+    return json_response(200, state.stats())
 
 
 async def _label_simulated(request: web.Request, response: web.StreamResponse) -> None:

@@ -16,7 +16,8 @@ import pytest
 from combee.sim.config import SimConfig
 from combee.sim.protocol import SimRequest
 from combee.sim.runner import SimThread
-from combee.sim.server import PER_MESSAGE_TOKENS, FifoSlots
+from combee.sim.state import FifoSlots
+from combee.sim.wire import PER_MESSAGE_TOKENS
 from combee.tokens import estimate_tokens
 
 FAST = SimConfig(time_scale=0.001, seed=3)
