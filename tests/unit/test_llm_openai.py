@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import json
 import logging
 import random
 from collections import deque
@@ -20,16 +19,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from pydantic import SecretStr, ValidationError
 
 from combee.errors import LLMRateLimited, LLMUnavailable
 from combee.llm import LLM, ChatMessage, ChatRequest, Role, Usage
 from combee.llm_openai import (
-    DEFAULT_API_KEY,
     EndpointConfig,
     OpenAILLM,
-    backoff_delay,
-    retry_after_from_headers,
 )
 from combee.tokens import estimate_tokens
 
@@ -757,105 +752,3 @@ async def test_auto_mode_replay_hits_under_the_mode_learnt_earlier(
     async with make_llm(server, fake_time, cache_dir=tmp_path, structured_output="json_schema") as strict:
         with pytest.raises(LLMUnavailable):  # json_schema was never answered: a miss, and a 400
             await strict.complete(chat(schema=SCHEMA))
-
-
-# ---------------------------------------------------------------------- pure helpers
-
-
-def test_backoff_grows_exponentially_under_full_jitter_and_caps() -> None:
-    rng = random.Random(3)
-    for attempt in range(1, 12):
-        ceiling = min(10.0, 0.5 * 2 ** (attempt - 1))
-        draws = [backoff_delay(attempt, base_s=0.5, max_s=10.0, rng=rng) for _ in range(300)]
-        assert all(0.0 <= delay <= ceiling for delay in draws)
-        # Full jitter spreads over the whole window, not just near the ceiling.
-        assert min(draws) < 0.1 * ceiling and max(draws) > 0.9 * ceiling
-
-
-def test_backoff_is_reproducible_with_a_seeded_rng_and_hint_keeps_the_stream() -> None:
-    first = [backoff_delay(n, base_s=1, max_s=60, rng=random.Random(9)) for n in (1, 2, 3)]
-    second = [backoff_delay(n, base_s=1, max_s=60, rng=random.Random(9)) for n in (1, 2, 3)]
-    assert first == second
-
-    rng_a, rng_b = random.Random(5), random.Random(5)
-    backoff_delay(1, base_s=1, max_s=60, rng=rng_a, retry_after_s=30)
-    backoff_delay(1, base_s=1, max_s=60, rng=rng_b)
-    assert rng_a.random() == rng_b.random()  # a hint draws exactly as much randomness as no hint
-
-
-def test_backoff_hint_is_a_floor_and_max_is_a_ceiling() -> None:
-    rng = random.Random(0)
-    assert backoff_delay(1, base_s=0.5, max_s=10, rng=rng, retry_after_s=4) == 4
-    assert backoff_delay(1, base_s=0.5, max_s=10, rng=rng, retry_after_s=99) == 10
-    assert 0 <= backoff_delay(100_000, base_s=0.5, max_s=10, rng=rng) <= 10  # no overflow
-    with pytest.raises(ValueError):
-        backoff_delay(0, base_s=0.5, max_s=10, rng=rng)
-
-
-def test_retry_after_parsing() -> None:
-    assert retry_after_from_headers({}) is None
-    assert retry_after_from_headers({"Retry-After": "7"}) == 7.0
-    assert retry_after_from_headers({"retry-after": " 2.5 "}) == 2.5
-    assert retry_after_from_headers({"RETRY-AFTER-MS": "250"}) == 0.25
-    assert retry_after_from_headers({"retry-after-ms": "junk", "retry-after": "3"}) == 3.0
-    assert retry_after_from_headers({"retry-after": "-4"}) == 0.0
-    assert retry_after_from_headers({"retry-after": "soon"}) is None
-    assert retry_after_from_headers({"retry-after": "nan"}) is None
-    date = email.utils.formatdate(1_000_060.0, usegmt=True)
-    assert retry_after_from_headers({"retry-after": date}, now=lambda: 1_000_000.0) == 60.0
-    assert retry_after_from_headers({"retry-after": date}, now=lambda: 2_000_000.0) == 0.0
-    server_date = email.utils.formatdate(1_000_050.0, usegmt=True)
-    assert retry_after_from_headers({"retry-after": date, "date": server_date}, now=lambda: 0.0) == 10.0
-
-
-# ---------------------------------------------------------------------- configuration
-
-
-def test_config_defaults_and_env_style_construction() -> None:
-    config = EndpointConfig(base_url=" http://127.0.0.1:8080/v1 ", api_key="", default_model="gemma")
-    assert config.base_url == "http://127.0.0.1:8080/v1"
-    assert config.api_key.get_secret_value() == DEFAULT_API_KEY
-    assert EndpointConfig(base_url="https://x.test/v1", api_key=None, default_model="m").api_key == SecretStr(
-        DEFAULT_API_KEY
-    )
-    padded = EndpointConfig(base_url="https://x.test/v1", api_key="k\n", default_model="m")
-    assert padded.api_key == SecretStr("k")
-    assert config.structured_output == "auto"
-    assert (config.max_concurrency, config.timeout_s, config.max_attempts) == (64, 120, 6)
-    assert (config.backoff_base_s, config.backoff_max_s) == (0.5, 30)
-    assert config.cache_dir is None and config.cost_usd(Usage(prompt_tokens=5)) is None
-    assert config.model_for(Role.CURATOR) == "gemma"
-    with pytest.raises(ValidationError):
-        config.max_attempts = 3  # type: ignore[misc]
-
-
-def test_config_display_url_hides_credentials() -> None:
-    config = EndpointConfig(base_url="https://user:pw@host.test:8443/v1?token=abc", default_model="m")
-    assert config.display_url == "https://host.test:8443/v1"
-    assert "pw" not in json.dumps(config.display_url)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "field_name"),
-    [
-        ({"base_url": "127.0.0.1:8080/v1"}, "base_url"),
-        ({"base_url": "ftp://host/v1"}, "base_url"),
-        ({"default_model": "  "}, "default_model"),
-        ({"models": {"reflector": ""}}, "models"),
-        ({"models": {"planner": "m"}}, "models"),
-        ({"structured_output": "xml"}, "structured_output"),
-        ({"max_concurrency": 0}, "max_concurrency"),
-        ({"timeout_s": 0}, "timeout_s"),
-        ({"timeout_s": float("inf")}, "timeout_s"),
-        ({"max_attempts": 0}, "max_attempts"),
-        ({"backoff_base_s": 5, "backoff_max_s": 1}, "backoff_max_s"),
-        ({"price_per_1k_prompt": -1}, "price_per_1k_prompt"),
-        ({"max_retries": 3}, "max_retries"),
-    ],
-)
-def test_config_validation_errors_name_the_field(overrides: dict[str, Any], field_name: str) -> None:
-    values: dict[str, Any] = {"base_url": "http://127.0.0.1:8080/v1", "default_model": "m"}
-    values.update(overrides)
-    with pytest.raises(ValidationError) as caught:
-        EndpointConfig(**values)
-    assert field_name in str(caught.value)
