@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LatestVersionPublisher", "PublisherStats", "SupportsPublish"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("streams.redis_store")  # the name it logged under before the module was split
 
 # ---------------------------------------------------------------------------------------------------------
 # The never-blocking publisher

@@ -27,7 +27,7 @@ __all__ = [
     "reply_text",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("streams.redis_store")  # the name it logged under before the module was split
 
 MAX_VERSION: Final = 2**53 - 1
 """Versions are compared inside Lua, whose numbers are doubles: integers are exact up to 2**53."""
