@@ -27,7 +27,7 @@ from combee.playbook import apply_delta
 from combee.scan import ReadyNode, ReduceTracker
 from streams.codec import CodecError, decode
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
-from workers.commit import bind, commit, ensure_ready, snapshot_of
+from workers.commit import bind, commit, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime, OpenWindow
 
@@ -49,8 +49,8 @@ async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
         await ctx.acks.done(event)
         return
     tenure = await ensure_ready(ctx, msg.partition)
-    if tenure.fenced:
-        return  # another process owns the partition now: it redoes this record (left unacked)
+    if not is_current(ctx, tenure):
+        return  # another tenure owns the partition now (maybe ours, after a rebalance): it redoes this record
     rt = bind(ctx, tenure, env.namespace)
     async with rt.lock:
         if isinstance(env, Control):

@@ -29,7 +29,7 @@ from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 from workers.tenure import Tenure
 
-__all__ = ["bind", "commit", "ensure_ready", "snapshot_of"]
+__all__ = ["bind", "commit", "ensure_ready", "is_current", "snapshot_of"]
 
 log = logging.getLogger("combee.worker.combine")
 LEDGER = 4096
@@ -43,9 +43,12 @@ def bind(ctx: StageContext, tenure: Tenure, namespace: str) -> NamespaceRuntime:
     rt = ctx.runtime(namespace)
     if rt.tenure is not tenure:
         if rt.tenure is not None and not rt.tenure.fenced:  # not expected: a revocation drops the runtimes
+            # Only the combiner's part is the old tenure's. The runtime object stays: the map stage may be
+            # waiting on its ``applied`` condition, and a waiter on a dropped runtime would wait forever.
             log.warning("%s: combiner state of an earlier tenure dropped", namespace)
-            del ctx.runtimes[namespace]
-            rt = ctx.runtime(namespace)
+            rt.windows.clear()
+            rt.by_seq.clear()
+            rt.playbooks.clear()
         rt.tenure = tenure
     return rt
 
@@ -92,7 +95,7 @@ def _stand_down(ctx: StageContext, tenure: Tenure) -> None:
         ctx.snapshots.forget(tenure.partition)  # the map stage re-reads it; the partition stays "ready" (fenced)
 
 
-def _is_current(ctx: StageContext, tenure: Tenure) -> bool:
+def is_current(ctx: StageContext, tenure: Tenure) -> bool:
     return ctx.tenures.get(tenure.partition) is tenure and not tenure.fenced
 
 
@@ -127,7 +130,7 @@ async def _remember(
     await ctx.snapshots.put(rt.namespace, new, cache=False)
     tenure.snapshots[rt.namespace] = new
     tenure.snapshotted(rt.namespace, offset)
-    if _is_current(ctx, tenure):  # a tenure that ended meanwhile (revoked, fenced) wrote to the changelog only
+    if is_current(ctx, tenure):  # a tenure that ended meanwhile (revoked, fenced) wrote to the changelog only
         ctx.snapshots.cache(rt.namespace, new)
         position = tenure.checkpoint()
         if checkpoint and position is not None:
@@ -161,6 +164,7 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
         tenure = ctx.tenures.get(partition)
         if partition in ctx.ready_partitions and tenure is not None:
             return tenure
+        revocations = ctx.revocations.get(partition, 0)
         claim = Claim(partition=partition, owner=ctx.owner, claimed_at=time.time())
         epoch = await ctx.send(ctx.topics.deltas, CLAIM_KEY, claim, partition)
         tenure = Tenure(partition=partition, epoch=epoch, owner=ctx.owner)
@@ -173,6 +177,8 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
         raw = ctx.snapshots.raw.get((partition, CHECKPOINT))
         start = replay_start(decode_checkpoint(raw) if raw else None, tenure.snapshots.values())
         replayed, fenced = await _replay(ctx, tenure, start)
+        if ctx.revocations.get(partition, 0) != revocations:
+            return _void(ctx, tenure)
         await ctx.snapshots.put_raw(partition, CHECKPOINT, encode_checkpoint(Position(epoch, epoch)))
         for snap in tenure.snapshots.values():  # make sure Redis has the newest version (CAS: no-op if so)
             pb = snap.playbook
@@ -180,6 +186,8 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
                 ctx.publisher.offer(
                     pb.namespace, pb.version, render_prompt(pb), pb.model_dump_json(), window_id=None, meta={}
                 )
+        if ctx.revocations.get(partition, 0) != revocations:
+            return _void(ctx, tenure)
         ctx.ready_partitions.add(partition)
         log.info(
             "partition %d: claimed at %s[%d]@%d as %s; replayed %d logged deltas from offset %d onto the recovered "
@@ -187,6 +195,18 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
             partition, ctx.topics.deltas, partition, epoch, ctx.owner, replayed, start.offset + 1, fenced,
         )  # fmt: skip
         return tenure
+
+
+def _void(ctx: StageContext, tenure: Tenure) -> Tenure:
+    """A claim revoked while it was being readied (a rebalance got in at one of the awaits): never made ready
+    nor left bound, so the caller sees it is not current and leaves its record to the partition's owner."""
+    log.info("partition %d: revoked while its claim at %d was being readied", tenure.partition, tenure.epoch)
+    if ctx.tenures.get(tenure.partition) is tenure:
+        del ctx.tenures[tenure.partition]
+    for rt in ctx.runtimes.values():
+        if rt.tenure is tenure:
+            rt.tenure = None
+    return tenure
 
 
 async def _replay(ctx: StageContext, tenure: Tenure, start: Position) -> tuple[int, int]:

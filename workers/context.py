@@ -76,6 +76,8 @@ class StageContext:
     rng: random.Random = field(default_factory=random.Random)
     tasks: set[asyncio.Future[Any]] = field(default_factory=set)
     ready_partitions: set[int] = field(default_factory=set)
+    # partials partitions revoked so far (partition -> count): a claim readied across a revocation is void
+    revocations: dict[int, int] = field(default_factory=dict)
     partition_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
     owner: str = field(default_factory=process_id)
     tenures: dict[int, Tenure] = field(default_factory=dict)  # the combiner's current claim per partition

@@ -12,12 +12,15 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from combee.llm import ChatRequest, ChatResponse, Role
 from streams.deltalog import LogSplit, split_log
 from tests.fakes import ScriptedLLM, echo_script
 from tests.workers.test_stages import Event, MemoryKafka, Stream, feed_traces, learner
 from workers.app import _forget
 from workers.combine import ensure_ready, handle_partial
+from workers.commit import bind
 from workers.context import StageContext
 from workers.curate import handle_group
 from workers.mapper import handle_window
@@ -227,3 +230,80 @@ async def test_a_late_valid_snapshot_written_after_the_successors_checkpoint_ski
     c = learner(kafka, ScriptedLLM(echo_script))
     await ensure_ready(c, part)
     assert c.snapshots.get("alpha").playbook.version == 2  # type: ignore[union-attr]
+
+
+class RevokedDuringClaim(MemoryKafka):
+    """A rebalance revokes the partials partition while the worker's claim is on its way to the log."""
+
+    ctx: StageContext | None = None
+    revoked: int = 0
+
+    async def send(self, topic: str, key: bytes, value: bytes, partition: int) -> int:
+        offset = await super().send(topic, key, value, partition)
+        if self.ctx is not None and key == b"__claim__" and not self.revoked:
+            self.revoked += 1
+            _forget(self.ctx, [TP(self.ctx.topics.partials, partition)])
+        return offset
+
+
+async def test_a_claim_revoked_while_it_is_readied_is_not_bound_and_the_redelivered_records_are_applied(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen in the zombie fault test: a revocation landed while a claim was being readied; the record that
+    asked for it was bound to the revoked tenure, a second claim followed, and rebinding dropped the runtime a
+    mapper was waiting on — the namespace stalled. A revoked tenure is never made ready nor bound: the record
+    is left for the partition's owner, and once reassigned the redelivered records are applied."""
+    kafka = RevokedDuringClaim()
+    llm = ScriptedLLM(echo_script)
+    a, stream = learner(kafka, llm), Stream()
+    kafka.ctx = a
+    await feed_traces(a, kafka, stream, "alpha", 4)
+    await close_due_windows(a)
+    part = a.home_partition("alpha")
+    seen: set[Any] = set()
+    for _ in range(10):  # map and curate; the first partials event claims, and is revoked on the way
+        await deliver(a, kafka, stream, seen, [a.topics.windows, a.topics.groups])
+        await asyncio.gather(*list(a.tasks))
+    await deliver(a, kafka, stream, seen, [a.topics.partials])
+    await asyncio.gather(*list(a.tasks))
+    assert kafka.revoked == 1
+    _, first_claim, _ = log_of(kafka, a).claims[0]
+    assert all(t.epoch != first_claim for t in a.tenures.values())  # the revoked claim was never made ready
+    assert log_of(kafka, a).records("alpha") == []  # the event that asked for it was left for its owner
+
+    # reassigned: the stream resumes at the committed offset and hands the partials over again
+    await deliver(a, kafka, stream, set(), [a.topics.partials])
+    await asyncio.gather(*list(a.tasks))
+    split = log_of(kafka, a)
+    assert [(r.window_id, r.version) for r in split.records("alpha")] == [(f"alpha/p{part}/0-3", 1)]
+    assert split.fenced == []
+    assert a.snapshots.get("alpha").playbook.version == 1  # type: ignore[union-attr]
+    assert "earlier tenure" not in caplog.text  # no runtime was rebound (a mapper could have waited on it)
+
+
+async def test_rebinding_a_namespace_keeps_the_runtime_a_mapper_waits_on() -> None:
+    """Should a namespace's combiner state ever pass to a new tenure of this process, only that state is
+    reset: the runtime object (and its ``applied`` condition, which the map stage waits on) stays."""
+    kafka = MemoryKafka()
+    a = learner(kafka, ScriptedLLM(echo_script))
+    part = a.home_partition("alpha")
+    first = await ensure_ready(a, part)
+    rt = bind(a, first, "alpha")
+    woke = asyncio.Event()
+
+    async def waiter() -> None:
+        async with rt.applied:
+            await rt.applied.wait()
+        woke.set()
+
+    task = asyncio.create_task(waiter())
+    await _turns()
+    _forget(a, [])  # nothing revoked; a second tenure of the same partition all the same
+    a.ready_partitions.discard(part)
+    second = await ensure_ready(a, part)
+    again = bind(a, second, "alpha")
+    assert again is rt and rt.tenure is second
+    async with again.applied:
+        again.applied.notify_all()
+    await asyncio.wait_for(woke.wait(), 1.0)
+    await task
