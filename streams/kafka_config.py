@@ -23,6 +23,7 @@ admin client logs its whole configuration at DEBUG) or printing it shows no secr
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,6 +235,23 @@ def _describe(admin: Any, names: list[str]) -> dict[str, dict[str, Any]]:
     return {t["name"]: t for t in admin.describe_topics(names)}
 
 
+def _describe_until_present(
+    admin: Any, names: list[str], deadline: float, pause_s: float = 0.2
+) -> dict[str, dict[str, Any]]:
+    """Describe ``names`` until every one of them is there with its partitions, or ``deadline`` passes.
+
+    On a cluster a topic the controller has just created reaches the other brokers' metadata a moment later;
+    a broker that has not seen it yet (one just restarted, say) describes it as unknown. Seen on a 3-node
+    cluster: every topic "missing" right after its creation succeeded.
+    """
+    while True:
+        described = _describe(admin, names)
+        present = all(_exists(described.get(n)) and (described[n].get("partitions") or []) for n in names)
+        if present or time.monotonic() >= deadline:
+            return described
+        time.sleep(pause_s)
+
+
 def _exists(info: Mapping[str, Any] | None) -> bool:
     return info is not None and info.get("error_code", _UNKNOWN_TOPIC) == 0
 
@@ -338,7 +356,7 @@ def ensure_topics(
                 raise ConfigError(f"Kafka refused to create topics: {'; '.join(refused)}")
             if created:
                 admin.wait_for_topics(created, timeout_ms=timeout_ms)
-            described = _describe(admin, names)
+            described = _describe_until_present(admin, names, time.monotonic() + timeout_s)
         wrong = []
         for spec in specs:
             info = described.get(spec.name)

@@ -224,3 +224,37 @@ def test_settings_security_reaches_the_admin_client() -> None:
     ensure_topics(settings, Topics(prefix="x"), admin_factory=admin)
     assert admin.init["security_protocol"] == "SASL_PLAINTEXT" and admin.init["sasl_plain_password"] == "pw"
     assert admin.init["bootstrap_servers"] == "b:9093"
+
+
+@dataclass
+class LaggingMetadata(FakeAdmin):
+    """A cluster whose brokers learn of a new topic a few describes after the controller created it."""
+
+    lag: int = 2
+    unseen: dict[str, int] = field(default_factory=dict)
+
+    def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
+        out = super().describe_topics(names)
+        for item in out:
+            if self.unseen.get(item["name"], 0) > 0:
+                self.unseen[item["name"]] -= 1
+                item.update(error_code=3, partitions=[])
+        return out
+
+    def create_topics(self, new: dict[str, dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+        self.unseen.update(dict.fromkeys(new, self.lag))
+        return super().create_topics(new, **kwargs)
+
+
+def test_topics_created_on_a_cluster_are_waited_for_until_every_broker_describes_them() -> None:
+    topics = Topics(prefix="x", partitions=2)
+    admin = LaggingMetadata()
+    report = ensure_topics("k:9092", topics, admin_factory=admin, timeout_s=5)
+    assert set(report.created) == {s.name for s in topics.specs()}
+
+
+def test_a_created_topic_that_never_shows_up_is_still_an_error_after_the_timeout() -> None:
+    topics = Topics(prefix="x", partitions=2)
+    admin = LaggingMetadata(lag=10**6)
+    with pytest.raises(ConfigError, match="still missing after creation"):
+        ensure_topics("k:9092", topics, admin_factory=admin, timeout_s=1)
