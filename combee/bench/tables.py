@@ -18,6 +18,7 @@ from combee.bench.report import (
     sequential_runs,
     successful_runs,
 )
+from combee.bench.spec import factor_label
 
 __all__ = ["controller_table", "factor_table", "markdown", "results_table"]
 
@@ -227,7 +228,7 @@ def _controller_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        factor = "unlimited" if row["merge_factor"] is None else f"{row['merge_factor']:g}"
+        factor = factor_label(row["merge_factor"])
         out.append(
             f"| {row['shape']} | {factor} | {'/'.join(str(b) for b in row['grid'])} | {row['chosen']} "
             f"| {_fmt(row['auto_wall_s'])} | {_fmt(row['auto_retention_vs_sequential'], '{:.2f}')} "
@@ -244,7 +245,7 @@ def _factor_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        factor = "unlimited" if row["merge_factor"] is None else f"{row['merge_factor']:g}"
+        factor = factor_label(row["merge_factor"])
         out.append(
             f"| {factor} | {row.get('shape', 'none')} | {row['batch_size']} | {_fmt(row['speedup_wall'])}× | "
             f"{_fmt(row['speedup_critical_path'])}× | {_fmt(row['retention'], '{:.3f}')} "
