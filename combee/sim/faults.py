@@ -32,6 +32,7 @@ __all__ = [
     "draw_fault",
     "fault_rng",
     "malform",
+    "malformed_again",
     "retry_after_headers",
 ]
 
@@ -131,3 +132,14 @@ def malform(answer: Answer, rng: random.Random) -> tuple[Answer, Malformation]:
         first = replace(answer.tool_calls[0], arguments=new_text)
         return replace(answer, tool_calls=(first, *answer.tool_calls[1:])), kind
     return replace(answer, content=new_text), kind
+
+
+def malformed_again(answer: Answer, digest: bytes, counter: int) -> Answer:
+    """The malformed answer the server gave request number ``counter`` with body digest ``digest``.
+
+    The server drew the fault from ``fault_rng(digest, counter)`` (one draw), then malformed the answer with
+    the same rng; repeating both gives the same content, so a replay takes the same repair turns.
+    """
+    rng = fault_rng(digest, counter)
+    rng.random()  # the draw that chose the fault (draw_fault)
+    return malform(answer, rng)[0]

@@ -3,6 +3,10 @@
 For fast tests and calibration only. Answers are identical to the HTTP simulator's for the same seed
 (both seed each request's rng from the same canonical body), and every response is labelled simulated.
 Latency is *virtual*: the modelled service time is reported, never slept, unless ``sleep`` is true.
+
+It injects no faults of its own; given the HTTP server's log of malformed-content faults (``malformed``, from
+``GET /admin/malformed``) it gives those requests the same malformed answers, so a replay of a faulty run takes
+the same repair turns and ends with the same answers.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ import asyncio
 import hashlib
 import json
 import random
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from combee.llm import ChatRequest, ChatResponse, Usage
-from combee.sim.generic import generic_answer, within_contract
+from combee.sim.faults import malformed_again
+from combee.sim.generic import generic_answer, truncate_answer, within_contract
 from combee.sim.protocol import Responder, SimRequest
 from combee.tokens import estimate_tokens
 
@@ -46,6 +52,7 @@ class InProcessSim:
         decode_tokens_per_s: float = 60.0,
         time_scale: float = 1.0,
         sleep: bool = False,
+        malformed: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.responder = responder
         self.seed = seed
@@ -56,6 +63,8 @@ class InProcessSim:
         self.time_scale = time_scale
         self.sleep = sleep
         self.calls = 0
+        # digest hex -> the server's request counters of its malformed answers, consumed in order
+        self.malformed = {d: list(counters) for d, counters in (malformed or {}).items()}
 
     def body(self, request: ChatRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -81,7 +90,8 @@ class InProcessSim:
     async def complete(self, request: ChatRequest) -> ChatResponse:
         self.calls += 1
         body = self.body(request)
-        rng = request_rng(self.seed, body)
+        digest = hashlib.sha256(f"{self.seed}|{canonical_body(body)}".encode()).digest()
+        rng = random.Random(int.from_bytes(digest[:8], "big"))
         sim_request = SimRequest(
             model=self.model,
             messages=body["messages"],
@@ -95,6 +105,11 @@ class InProcessSim:
         answer = within_contract(sim_request, said, rng) if said is not None else None
         if answer is None:
             answer = generic_answer(sim_request, rng)
+        finish_reason = None
+        counters = self.malformed.get(digest.hex())
+        if counters:  # the server malformed this request's answer: the same content, then its truncation
+            answer = truncate_answer(malformed_again(answer, digest, counters.pop(0)), request.max_tokens)
+            finish_reason = answer.finish_reason
         text = answer.completion_text
         prompt_tokens = sum(estimate_tokens(m.content) + 4 for m in request.messages)
         completion_tokens = estimate_tokens(text)
@@ -109,4 +124,5 @@ class InProcessSim:
             model=self.model,
             service_time_s=service,
             simulated=True,
+            finish_reason=finish_reason,
         )

@@ -134,6 +134,14 @@ class _Admin:
         result: dict[str, Any] = self._call("GET", "/admin/stats")
         return result
 
+    def malformed_log(self) -> dict[str, list[int]]:
+        """The request counters of every malformed-content fault, per request digest (hex), in order
+        (``/admin/malformed``): what :class:`combee.sim.inproc.InProcessSim` needs to replay them."""
+        result: dict[str, list[int]] = {}
+        for entry in self._call("GET", "/admin/malformed")["malformed"]:
+            result.setdefault(entry["digest"], []).append(int(entry["counter"]))
+        return result
+
     def reset_stats(self) -> dict[str, Any]:
         """Zero the server's counters; returns the fresh stats."""
         result: dict[str, Any] = self._call("POST", "/admin/stats/reset", {})

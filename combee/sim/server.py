@@ -7,8 +7,8 @@ Routes (one port):
   together, different insights apart; no latency model, no faults.
 * ``POST /v1/chat/completions`` — OpenAI wire format, incl. ``stream`` (SSE, usage in a final chunk when
   ``stream_options.include_usage``), tools and ``response_format``; ``n`` > 1 is rejected with 400.
-* ``GET /admin/config``, ``GET|POST /admin/faults``, ``GET /admin/stats``, ``POST /admin/stats/reset`` — for
-  tests and benchmarks.
+* ``GET /admin/config``, ``GET|POST /admin/faults``, ``GET /admin/stats``, ``POST /admin/stats/reset``,
+  ``GET /admin/malformed`` — for tests and benchmarks.
 
 Every response carries ``x-combee-simulated: true``; completions also carry ``system_fingerprint:
 "combee-sim"``, ``x-combee-service-time`` (simulated service seconds, queue wait excluded) and
@@ -156,6 +156,7 @@ class _Completion:
             return error_response(500, f"simulator responder failed: {exc!r}", "server_error")
         if fault is FaultKind.MALFORMED and frng is not None:
             answer, how = malform(answer, frng)
+            state.malformed.append((digest.hex(), self.counter))
             state.faults[FaultKind.MALFORMED.value] += 1
             state.faults[how.value] += 1
         answer = truncate_answer(answer, request.max_tokens)
@@ -398,6 +399,12 @@ async def _admin_stats(request: web.Request) -> web.Response:
     return json_response(200, request.app[STATE_KEY].stats())
 
 
+async def _admin_malformed(request: web.Request) -> web.Response:
+    """Every malformed-content fault since the last stats reset: request digest and counter, in order."""
+    log_ = request.app[STATE_KEY].malformed
+    return json_response(200, {"malformed": [{"digest": d, "counter": c} for d, c in log_]})
+
+
 async def _admin_stats_reset(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.reset_stats()
@@ -422,6 +429,7 @@ def build_app(config: SimConfig, responder: Responder | None = None) -> web.Appl
     app.router.add_post("/admin/faults", _admin_faults_post)
     app.router.add_get("/admin/stats", _admin_stats)
     app.router.add_post("/admin/stats/reset", _admin_stats_reset)
+    app.router.add_get("/admin/malformed", _admin_malformed)
     app.on_response_prepare.append(_label_simulated)
     return app
 

@@ -106,6 +106,9 @@ class SimState:
         self.cached_prompt_tokens = 0
         self.completion_tokens = 0
         self.rate_limited = 0
+        # every malformed-content fault as (request digest hex, request counter): with these a replay can
+        # give the same malformed answers (combee.sim.faults.malformed_again), so it follows the same path
+        self.malformed: list[tuple[str, int]] = []
         self.cpu_mark = time.process_time()
         self.wall_mark = time.monotonic()
 

@@ -119,6 +119,8 @@ class Observed:
     seen: dict[str, list[Any]]
     fenced: list[DeltaRecord] = field(default_factory=list)  # written after a newer claim: count for nobody
     claims: int = 0
+    # the simulator's malformed answers (request digest -> counters): the same-windows replay gives them too
+    malformed: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _read(run: Run, topic: str) -> list[Any]:
@@ -163,8 +165,18 @@ def observe(run: Run, namespaces: list[str], watcher: PromptWatcher | None) -> O
     finally:
         client.close()
     seen = watcher.stop() if watcher is not None else {}
+    malformed = run.sim.malformed_log() if run.sim is not None else {}
     return Observed(
-        traces, log.records(), letters, snapshots, versions, current, seen, log.fenced_records(), len(log.claims)
+        traces,
+        log.records(),
+        letters,
+        snapshots,
+        versions,
+        current,
+        seen,
+        log.fenced_records(),
+        len(log.claims),
+        malformed,
     )
 
 
@@ -349,11 +361,14 @@ def quality(
     runs on the same traces already differ a little. The fault-free run compared with is therefore the one
     on the same traces AND the same windows: every window of the delta log re-executed from an empty playbook
     by the engine (:func:`combee.engine.run_window`, what ``combee learn`` runs) against the in-process
-    simulator, which answers exactly as the HTTP one does when no fault fires. Two figures come out:
+    simulator, which answers exactly as the HTTP one does when no fault fires, and gives the same malformed
+    answers the HTTP one gave (``obs.malformed``, from its ``/admin/malformed`` log), so the replay takes the
+    same repair turns. Transport faults (500, 429, timeouts, outages) change no answer: the client retries
+    the same request. Two figures come out:
 
     * ``same_answers_equal`` — with the same answers, the playbook must be *identical* (bullets, ids,
-      counters, version): the exactly-once, deterministic-replay contract. Required unless the scenario
-      changes answers (malformed output makes Combee re-ask with another seed);
+      counters, version): the exactly-once, deterministic-replay contract. Required in every scenario the
+      suite runs (``require_equal=False`` is left for a fault whose answers a replay cannot repeat);
     * ``retention_ratio`` — hidden-insight retention of the published playbook over that fault-free one's,
       pooled over the namespaces; must be at least ``min_ratio`` (0.9, the project's quality bound).
 
@@ -419,7 +434,7 @@ def _fault_free_same_windows(obs: Observed, ns: str, seed: int) -> Playbook:
     recs = sorted(
         {(r.window_id, r.version): r for r in obs.deltas if r.namespace == ns}.values(), key=lambda r: r.version
     )
-    sim = InProcessSim(WorldResponder(Behaviour(seed=seed)), seed=seed)
+    sim = InProcessSim(WorldResponder(Behaviour(seed=seed)), seed=seed, malformed=obs.malformed)
     llm = _WorkersContext(sim, Settings.model_fields["llm_context_tokens"].default)
     # the workers fold near-duplicate ADDs before logging a delta (semantic de-duplication, on by default
     # where the embeddings extra is installed); the replay must de-duplicate the same way

@@ -416,7 +416,6 @@ SCENARIOS = {
             "10% HTTP 500, 5% 429 + Retry-After, 5% timeouts, 5% malformed/schema-violating JSON",
             _llm_rates,
             sim_faults=LLM_RATES,
-            require_equal=False,
         ),
         Scenario("llm-outage", "every LLM request fails (503) for 30 s (short: 8 s)", _llm_outage),
         Scenario(

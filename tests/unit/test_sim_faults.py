@@ -15,10 +15,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+from combee.engine import reflect
+from combee.llm import Role
+from combee.llm_openai import EndpointConfig, OpenAILLM
+from combee.meter import Meter
+from combee.models import Playbook, Trace
 from combee.sim.config import SimConfig
 from combee.sim.faults import FaultKind, Malformation, broken_json, draw_fault, malform, retry_after_headers
 from combee.sim.generic import Answer, ToolCall
+from combee.sim.inproc import InProcessSim
 from combee.sim.runner import SimThread
+from combee.sim.world import Behaviour, WorldResponder, generate_traces
 
 
 class Verdict(BaseModel):
@@ -201,3 +208,38 @@ async def test_outage_toggled_through_the_admin_api_returns_503_then_recovers() 
             assert (await client.chat.completions.create(model="m", messages=messages)).choices
         stats = server.stats()
     assert stats["by_status"] == {"200": 2, "503": 3} and stats["faults"] == {"outage": 3}
+
+
+async def test_a_replay_given_the_malformed_log_takes_the_same_repair_turns_and_ends_equal() -> None:
+    """The fault suite's same-windows replay: the in-process simulator, given the server's log of malformed
+    answers, gives the same malformed content, so the engine asks the same repair turns and parses the same."""
+    traces = [Trace.model_validate(t) for t in generate_traces(12, seed=5, namespace="replay", test_n=1)[0]]
+    playbook = Playbook(namespace="replay")
+    responder = WorldResponder(Behaviour(seed=3))
+
+    async def run(llm: Any) -> tuple[list[Any], list[int], Meter]:
+        meter = Meter()
+        outcomes = [await reflect(t, playbook, llm, meter=meter) for t in traces]
+        return [o.value for o in outcomes], [o.attempts for o in outcomes], meter
+
+    with SimThread(SimConfig(seed=3, time_scale=0.0, fault_malformed_rate=0.4), responder) as sim:
+        endpoint = EndpointConfig(base_url=sim.base_url, default_model="combee-sim")
+        async with OpenAILLM(endpoint) as client:
+            live, live_attempts, live_meter = await run(client)
+        log = sim.malformed_log()
+        malformed = sim.stats()["faults"]["malformed"]
+    stats = live_meter.role(Role.REFLECTOR)
+    assert sum(len(c) for c in log.values()) == malformed == stats.parse_failures > 0
+    assert stats.repairs > 0 and any(a > 1 for a in live_attempts)
+
+    same = InProcessSim(responder, seed=3, time_scale=0.0, model="combee-sim", malformed=log)
+    values, attempts, meter = await run(same)
+    assert values == live and attempts == live_attempts
+    again = meter.role(Role.REFLECTOR)
+    assert (again.parse_failures, again.repairs, again.repaired, again.gave_up, again.failure_kinds) == (
+        stats.parse_failures, stats.repairs, stats.repaired, stats.gave_up, stats.failure_kinds
+    )  # fmt: skip
+
+    # without the log every first answer parses: the log is what makes the two paths meet
+    plain = InProcessSim(responder, seed=3, time_scale=0.0, model="combee-sim")
+    assert (await run(plain))[1] == [1] * len(traces)
