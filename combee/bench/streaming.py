@@ -11,7 +11,7 @@ For every applied window it measures, on the wall clock of this machine:
   window, scheduling, the LLM client, the Redis publish. Split into ``close_wait_s`` (last trace → window
   closed) and the rest.
 
-It starts what it needs (Kafka + Redis via deploy/local.py unless ``COMBEE_KAFKA_BOOTSTRAP`` and
+It starts what it needs (Kafka + Redis via deploy/local/ unless ``COMBEE_KAFKA_BOOTSTRAP`` and
 ``COMBEE_REDIS_URL`` are set; the simulator; one worker) and stops what it started.
 """
 

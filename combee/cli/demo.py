@@ -1,6 +1,6 @@
 """``combee demo``: the main job end to end, on embedded defaults, with the SIMULATED model.
 
-Streaming (default): start Kafka and Redis (deploy/local.py; reused if already up), the simulator and a
+Streaming (default): start Kafka and Redis (deploy/local/; reused if already up), the simulator and a
 worker; publish SIMULATED traces for two namespaces; wait until every trace is learned; print each
 namespace's prompt and version *as read back from Redis*; stop everything this command started.
 

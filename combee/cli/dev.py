@@ -1,4 +1,4 @@
-"""``combee dev``: start/stop a local Kafka + Redis (``deploy/local.py``), and the local model with ``--llm``."""
+"""``combee dev``: start/stop a local Kafka + Redis (``deploy/local/``), and the local model with ``--llm``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ __all__ = ["add_dev_command", "cmd_dev"]
 
 def add_dev_command(sub: Any) -> None:
     """Register ``dev`` on ``combee``'s subparsers."""
-    p = sub.add_parser("dev", help="start/stop a local Kafka + Redis (deploy/local.py)")
+    p = sub.add_parser("dev", help="start/stop a local Kafka + Redis (deploy/local/)")
     p.add_argument("dev_command", choices=["up", "down", "status", "restart", "fetch"])
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to deploy/local.py")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to deploy/local/")
     p.add_argument("--state-dir", type=Path)
     p.add_argument("--llm", action="store_true", help="up: also start the real local model (combee llm serve)")
     p.set_defaults(func=cmd_dev)

@@ -1,5 +1,5 @@
 """Compatibility probes: small scripts that exercise each Kafka client the project uses against the real
-broker started by deploy/local.py. Results are recorded in docs/infrastructure.md. Run all of them with
+broker started by deploy/local/. Results are recorded in docs/infrastructure.md. Run all of them with
 
     .venv/bin/python -m deploy.local exec -- .venv/bin/python -m deploy.probes
 

@@ -1,4 +1,4 @@
-"""Compatibility probe: aiokafka against the broker deploy/local.py runs.
+"""Compatibility probe: aiokafka against the broker deploy/local/ runs.
 
 Checks, each printed as PASS/FAIL: admin create_topics, a plain producer/consumer round trip, an idempotent
 producer (enable_idempotence=True), and a transactional producer read by a read_committed consumer (a

@@ -1,4 +1,4 @@
-"""Compatibility probe: faust-streaming against the broker deploy/local.py runs.
+"""Compatibility probe: faust-streaming against the broker deploy/local/ runs.
 
 A tiny Faust app (store='memory://', web server on 127.0.0.1) counts words from a topic into a table with a
 changelog. Phase 1: 100 records are produced, a worker process counts them and stops gracefully (SIGTERM, as

@@ -1,4 +1,4 @@
-"""Compatibility probe: kafka-python against the broker deploy/local.py runs.
+"""Compatibility probe: kafka-python against the broker deploy/local/ runs.
 
 Checks, each printed as PASS/FAIL: admin create_topics (a plain topic and a compacted one, whose config is read
 back with describe_configs), a producer with acks=all, a consumer reading everything back, offsets_for_times,

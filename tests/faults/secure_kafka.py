@@ -1,6 +1,6 @@
 """A PRIVATE Kafka broker that requires SASL (SCRAM-SHA-512 or PLAIN) over TLS, for the security tests.
 
-The development broker (``deploy/local.py``) listens in PLAINTEXT on 127.0.0.1; this one adds a ``SASL_SSL``
+The development broker (``deploy/local/``) listens in PLAINTEXT on 127.0.0.1; this one adds a ``SASL_SSL``
 listener with a certificate from a throw-away CA (made with ``openssl``), a SCRAM-SHA-512 credential created
 when the storage is formatted and a PLAIN user in the listener's JAAS config. Inter-broker and controller
 traffic stay on PLAINTEXT listeners, which the tests also use to OBSERVE topics; the workers and the trace
@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import deploy.local as local
+from deploy.local.binaries import find_java
+from deploy.local.config import DEPLOY_DIR
+from deploy.local.readiness import kafka_answering
 from tests.faults.stack import free_port
 
 __all__ = ["SecureKafka"]
@@ -83,7 +86,7 @@ class SecureKafka:
 
     def start(self, timeout_s: float = 120) -> SecureKafka:
         lib = local.fetch_kafka()
-        java = local._find_java()
+        java = find_java()
         self.internal_port = free_port(2)
         self.controller_port = self.internal_port + 1
         self.secure_port = free_port(1)
@@ -92,7 +95,7 @@ class SecureKafka:
         keystore = self._certificates()
         data = self.state_dir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        base = string.Template((local.DEPLOY_DIR / "server.properties").read_text()).substitute(
+        base = string.Template((DEPLOY_DIR / "server.properties").read_text()).substitute(
             kafka_port=self.internal_port, controller_port=self.controller_port, log_dir=str(data)
         )
         props = self.state_dir / "server.properties"
@@ -111,7 +114,7 @@ class SecureKafka:
             )
         )
         log = self.state_dir / "kafka.log"
-        tool = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={local.DEPLOY_DIR / 'log4j2.properties'}",
+        tool = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
                 "-cp", f"{lib}/*", "kafka.tools.StorageTool"]  # fmt: skip
         out = subprocess.run([*tool, "random-uuid"], capture_output=True, text=True, timeout=120, check=True).stdout
         cluster = re.findall(r"^[A-Za-z0-9_-]{22}$", out, re.MULTILINE)[-1]
@@ -121,13 +124,13 @@ class SecureKafka:
             capture_output=True, text=True, timeout=120, check=True,
         )  # fmt: skip
         argv = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={local.DEPLOY_DIR / 'log4j2.properties'}",
+                f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
                 "-cp", f"{lib}/*", "kafka.Kafka", str(props)]  # fmt: skip
         with log.open("ab") as fh:
             fh.write(f"=== {shlex.join(argv[:3])} ...\n".encode())
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=self.state_dir)
         deadline = time.monotonic() + timeout_s
-        while not local.kafka_answering(self.internal_port):
+        while not kafka_answering(self.internal_port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
                 self.stop()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import deploy.local as local
+from deploy.local.ports import ephemeral_range
 from streams.kafka_config import TopicsReport, ensure_topics
 from streams.topics import Topics
 
@@ -45,7 +46,7 @@ def free_port(span: int = 1, rng: random.Random | None = None) -> int:
     """A port P such that P..P+span-1 are free and reserved by nobody, below the ephemeral range (so a
     restarted server does not find its port taken by some client's outgoing connection)."""
     rng = rng or random.Random()
-    low, _ = local._ephemeral_range()
+    low, _ = ephemeral_range()
     for _ in range(500):
         port = rng.randrange(20_000, min(low, 32_000) - span)
         ports = range(port, port + span)

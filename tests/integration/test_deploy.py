@@ -1,4 +1,4 @@
-"""The stack deploy/local.py starts is real and usable: a Kafka produce/consume round trip and Redis PING.
+"""The stack deploy/local/ starts is real and usable: a Kafka produce/consume round trip and Redis PING.
 
 Uses the services named by COMBEE_KAFKA_BOOTSTRAP / COMBEE_REDIS_URL (exported by
 `python -m deploy.local exec -- ...`, which `make test` uses); skipped when they are not set.

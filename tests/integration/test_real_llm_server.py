@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from deploy import llm, local, weights
+from deploy.local.process import read_proc, read_record
 
 pytestmark = [pytest.mark.real_llm, pytest.mark.slow]
 
@@ -63,7 +64,7 @@ def test_real_server_answers_a_strict_json_schema_and_stops(tmp_path: Path) -> N
     cfg = llm.make_config(model=model, port=free_port(), slots=1, ctx=2048)
     state_dir = tmp_path / "state"
     running, started = llm.up(cfg, state_dir, timeout_s=600)
-    record = local._read_record(state_dir.resolve(), llm.SERVICE)
+    record = read_record(state_dir.resolve(), llm.SERVICE)
     assert started and record is not None
     try:
         assert llm.healthy(running.port)
@@ -92,8 +93,8 @@ def test_real_server_answers_a_strict_json_schema_and_stops(tmp_path: Path) -> N
     finally:
         assert llm.down(state_dir)
     deadline = time.monotonic() + 10
-    while local.read_proc(record.pid) is not None and time.monotonic() < deadline:
+    while read_proc(record.pid) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not local.is_same_process(record, local.read_proc(record.pid))
+    assert not local.is_same_process(record, read_proc(record.pid))
     assert not (state_dir / "llm.pid").exists()
     assert llm.status(state_dir).alive is False

@@ -3,7 +3,8 @@
 - no import cycle among the project's modules (every import counts: module level, inside a function, or
   under ``TYPE_CHECKING``);
 - the command line (``combee/cli/``) sits on top: no module outside it imports it, except a ``__main__``;
-- no module imports another module's private (``_underscored``) name.
+- no module imports another module's private (``_underscored``) name, nor reads one as an attribute of a
+  module it imported (``local._locked``).
 """
 
 from __future__ import annotations
@@ -122,4 +123,46 @@ def test_no_private_name_is_imported_across_modules() -> None:
         for name in names
         if name.startswith("_") and not name.startswith("__")
     ]
+    assert offenders == []
+
+
+def _module_aliases(tree: ast.Module) -> dict[str, str]:
+    """``local name -> project module`` for the imports in ``tree`` that bind a module (``import a.b as m``,
+    ``from a import b`` where ``a.b`` is a module; a plain ``import a.b`` binds ``a``)."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES or alias.name.split(".")[0] in PACKAGES:
+                    aliases[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in MODULES:
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
+
+
+def _dotted(node: ast.expr, aliases: dict[str, str]) -> str | None:
+    """The project module that ``node`` (a name or a chain of attributes) stands for, if any."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, aliases)
+        if base is not None and f"{base}.{node.attr}" in MODULES:
+            return f"{base}.{node.attr}"
+    return None
+
+
+def test_no_private_name_is_read_from_another_module() -> None:
+    offenders = []
+    for path in MODULES.values():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases = _module_aliases(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                module = _dotted(node.value, aliases)
+                if module is not None:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {module}.{node.attr}")
     assert offenders == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deploy import local
-from deploy.local import ClusterConfig, ClusterServices, DeployError
+from deploy.local import ClusterConfig, ClusterServices, DeployError, cli, cluster
 
 
 def test_nodes_take_consecutive_port_pairs_and_all_of_them_are_voters_and_bootstrap() -> None:
@@ -36,7 +36,7 @@ def test_a_node_config_replicates_everything_and_binds_loopback_only(tmp_path: P
     cfg = ClusterConfig(nodes=3, kafka_port=20000, min_insync_replicas=2)
     props = dict(
         line.split("=", 1)
-        for line in local._render_cluster_properties(cfg, 2, tmp_path / "data").splitlines()
+        for line in cluster._render_cluster_properties(cfg, 2, tmp_path / "data").splitlines()
         if line and not line.startswith("#")
     )
     assert props["node.id"] == "2" and props["process.roles"] == "broker,controller"
@@ -56,12 +56,12 @@ def test_a_node_config_replicates_everything_and_binds_loopback_only(tmp_path: P
 
 def test_the_cluster_id_of_a_formatted_node_is_reused(tmp_path: Path) -> None:
     cfg = ClusterConfig(nodes=3)
-    assert local._formatted_cluster_id(tmp_path, cfg) is None
+    assert cluster._formatted_cluster_id(tmp_path, cfg) is None
     data = tmp_path / "kafka-2" / "data"
     data.mkdir(parents=True)
     (data / "meta.properties").write_text("version=1\ncluster.id=Xy7-abc_DEF\nnode.id=2\n")
-    assert local._formatted_cluster_id(tmp_path, cfg) == "Xy7-abc_DEF"
-    fresh = local._new_cluster_id()
+    assert cluster._formatted_cluster_id(tmp_path, cfg) == "Xy7-abc_DEF"
+    fresh = cluster._new_cluster_id()
     assert len(fresh) == 22 and not fresh.startswith("-")
 
 
@@ -88,7 +88,7 @@ def test_cluster_env_tells_the_workers_to_replicate() -> None:
 
 
 def test_cli_nodes_and_node() -> None:
-    parser = local.build_parser()
+    parser = cli.build_parser()
     assert parser.parse_args(["up"]).nodes == 1
     assert parser.parse_args(["up", "--nodes", "3"]).nodes == 3
     args = parser.parse_args(["restart", "kafka", "--node", "2", "--kill"])

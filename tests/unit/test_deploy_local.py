@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from deploy import local
-from deploy.local import ProcessRecord, ProcInfo, StackConfig
+from deploy.local import ProcessRecord, ProcInfo, StackConfig, cli, config, ports, process, readiness, service
 
 # --------------------------------------------------------------------------------------------------------
 # /proc parsing and process identity
@@ -31,11 +31,11 @@ def test_parse_proc_stat_counts_fields_after_the_last_paren() -> None:
     fields_after_state = [str(n) for n in range(4, 30)]
     fields_after_state[22 - 4] = "987654"
     text = "1234 (weird) name) S " + " ".join(fields_after_state) + "\n"
-    assert local.parse_proc_stat(text) == ("S", 987654)
+    assert process.parse_proc_stat(text) == ("S", 987654)
 
 
 def test_read_proc_of_this_process() -> None:
-    info = local.read_proc(os.getpid())
+    info = process.read_proc(os.getpid())
     assert info is not None
     assert info.state in {"R", "S"}
     assert info.cmdline[0] == sys.argv[0] or Path(info.cmdline[0]).name.startswith(("python", "pytest"))
@@ -43,7 +43,7 @@ def test_read_proc_of_this_process() -> None:
 
 
 def test_read_proc_of_missing_pid_is_none() -> None:
-    assert local.read_proc(2**22 + 12345) is None  # above pid_max's default ceiling
+    assert process.read_proc(2**22 + 12345) is None  # above pid_max's default ceiling
 
 
 LAUNCHED = ("/opt/redis/bin/redis-server", "--bind", "127.0.0.1", "--port", "6399", "--save", "")
@@ -134,7 +134,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _record_for(proc: subprocess.Popen[bytes], name: str = "redis", port: int = 1) -> ProcessRecord:
-    info = local.read_proc(proc.pid)
+    info = process.read_proc(proc.pid)
     assert info is not None
     return ProcessRecord(name, proc.pid, info.cmdline, info.start_ticks, port, info.exe or "")
 
@@ -142,9 +142,9 @@ def _record_for(proc: subprocess.Popen[bytes], name: str = "redis", port: int = 
 def test_stop_service_terminates_the_recorded_process(
     state_dir: Path, sleeper: subprocess.Popen[bytes], free_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(local._CHILDREN, sleeper.pid, sleeper)  # as if up() had started it
-    local._write_record(state_dir, _record_for(sleeper, port=free_port))
-    assert local._stop_service(state_dir, "redis") is True
+    monkeypatch.setitem(process.CHILDREN, sleeper.pid, sleeper)  # as if up() had started it
+    process.write_record(state_dir, _record_for(sleeper, port=free_port))
+    assert service.stop_service(state_dir, "redis") is True
     assert sleeper.wait(timeout=5) == -signal.SIGTERM
     assert not (state_dir / "redis.pid").exists()
     assert not (state_dir / "redis.launch.json").exists()
@@ -155,7 +155,7 @@ def test_down_ignores_a_pid_file_whose_process_is_someone_else(
 ) -> None:
     # A stale PID file now pointing at an unrelated live process (same PID, other start time).
     record = _record_for(sleeper)
-    local._write_record(state_dir, ProcessRecord("kafka", record.pid, record.argv, record.start_ticks - 1, 1))
+    process.write_record(state_dir, ProcessRecord("kafka", record.pid, record.argv, record.start_ticks - 1, 1))
     assert local.down(state_dir) == []
     assert sleeper.poll() is None, "down() signalled a process it did not start"
     assert not (state_dir / "kafka.pid").exists()
@@ -164,7 +164,7 @@ def test_down_ignores_a_pid_file_whose_process_is_someone_else(
 def test_down_ignores_a_pid_file_with_another_command(state_dir: Path, sleeper: subprocess.Popen[bytes]) -> None:
     record = _record_for(sleeper)
     foreign = ProcessRecord("redis", record.pid, ("/usr/bin/redis-server", "--port", "1"), record.start_ticks, 1)
-    local._write_record(state_dir, foreign)
+    process.write_record(state_dir, foreign)
     assert local.down(state_dir) == []
     assert sleeper.poll() is None
 
@@ -176,10 +176,10 @@ def test_stop_service_escalates_to_sigkill(state_dir: Path, free_port: int, monk
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-        monkeypatch.setitem(local._CHILDREN, proc.pid, proc)
-        local._write_record(state_dir, _record_for(proc, port=free_port))
+        monkeypatch.setitem(process.CHILDREN, proc.pid, proc)
+        process.write_record(state_dir, _record_for(proc, port=free_port))
         started = time.monotonic()
-        assert local._stop_service(state_dir, "redis", grace_s=0.5) is True
+        assert service.stop_service(state_dir, "redis", grace_s=0.5) is True
         assert proc.wait(timeout=5) == -signal.SIGKILL
         assert time.monotonic() - started < 5
     finally:
@@ -223,13 +223,13 @@ def test_port_in_use(listener: int, free_port: int) -> None:
 
 
 def test_port_owner_names_this_process(listener: int) -> None:
-    owner = local.port_owner(listener)
+    owner = ports.port_owner(listener)
     assert owner is not None and owner.startswith(f"pid {os.getpid()}:")
 
 
 def test_require_free_names_the_port(listener: int) -> None:
     with pytest.raises(local.DeployError, match=rf"port {listener} \(Redis\) on 127\.0\.0\.1 is already in use"):
-        local._require_free(listener, "Redis")
+        ports.require_free(listener, "Redis")
 
 
 def test_listening_inodes_parses_proc_net_tcp() -> None:
@@ -239,9 +239,9 @@ def test_listening_inodes_parses_proc_net_tcp() -> None:
         "   1: 0100007F:2384 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 222 1\n"
         "   2: 00000000:18EB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1\n"
     )
-    assert local.listening_inodes(table, 0x2384) == {"111"}  # 9092, listening only
-    assert local.listening_inodes(table, 6379) == {"333"}
-    assert local.listening_inodes(table, 1) == set()
+    assert ports.listening_inodes(table, 0x2384) == {"111"}  # 9092, listening only
+    assert ports.listening_inodes(table, 6379) == {"333"}
+    assert ports.listening_inodes(table, 1) == set()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def _kstr(text: str | None) -> bytes:
 
 def test_parse_api_versions_v0() -> None:
     body = struct.pack(">hi", 0, 2) + struct.pack(">hhh", 3, 0, 13) + struct.pack(">hhh", 18, 0, 4)
-    assert local.parse_api_versions_v0(body) == {3: (0, 13), 18: (0, 4)}
+    assert readiness.parse_api_versions_v0(body) == {3: (0, 13), 18: (0, 4)}
 
 
 @pytest.mark.parametrize("version", [1, 2, 3, 8])
@@ -267,19 +267,19 @@ def test_parse_metadata(version: int) -> None:
     body += struct.pack(">i", 1) + struct.pack(">i", 1) + _kstr("127.0.0.1") + struct.pack(">i", 9092) + _kstr(None)
     body += _kstr("cluster-xyz") if version >= 2 else b""
     body += struct.pack(">i", 1) + struct.pack(">i", 0)  # controller id, no topics
-    meta = local.parse_metadata(body, version)
+    meta = readiness.parse_metadata(body, version)
     assert meta.brokers == ((1, "127.0.0.1", 9092),)
     assert meta.controller_id == 1
     assert meta.cluster_id == ("cluster-xyz" if version >= 2 else None)
 
 
 def test_kafka_probe_on_a_closed_port_is_false(free_port: int) -> None:
-    assert local.kafka_answering(free_port) is False
+    assert readiness.kafka_answering(free_port) is False
     assert local.redis_ping(free_port) is False
 
 
 def test_resp_command_encoding() -> None:
-    assert local._resp_command("AUTH", "pä ss") == b"*2\r\n$4\r\nAUTH\r\n$6\r\np\xc3\xa4 ss\r\n"
+    assert readiness._resp_command("AUTH", "pä ss") == b"*2\r\n$4\r\nAUTH\r\n$6\r\np\xc3\xa4 ss\r\n"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def test_stack_config_json_round_trip() -> None:
 
 
 def test_rendered_server_properties(tmp_path: Path) -> None:
-    text = local._render_server_properties(StackConfig(kafka_port=19092, controller_port=19093), tmp_path)
+    text = service._render_server_properties(StackConfig(kafka_port=19092, controller_port=19093), tmp_path)
     props = dict(line.split("=", 1) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
     assert "$" not in text
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
@@ -334,7 +334,7 @@ def test_fetch_kafka_uses_the_cache_without_maven(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("PATH", "/nonexistent")  # no mvn
     lib = tmp_path / "kafka-9.9.9" / "lib"
     lib.mkdir(parents=True)
-    pom_hash = hashlib.sha256((local.DEPLOY_DIR / "pom.xml").read_bytes()).hexdigest()
+    pom_hash = hashlib.sha256((config.DEPLOY_DIR / "pom.xml").read_bytes()).hexdigest()
     (lib / ".complete").write_text(f"kafka 9.9.9; pom sha256 {pom_hash}\n")
     assert local.fetch_kafka("9.9.9") == lib
     (lib / ".complete").write_text("kafka 9.9.9; pom sha256 stale\n")  # the POM changed since: refetch
@@ -354,7 +354,7 @@ def test_find_redis_server_prefers_path(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_default_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("COMBEE_STATE_DIR", raising=False)
-    assert local.default_state_dir() == local.DEPLOY_DIR.parent / "var" / "dev"
+    assert local.default_state_dir() == config.DEPLOY_DIR.parent / "var" / "dev"
     monkeypatch.setenv("COMBEE_STATE_DIR", str(tmp_path))
     assert local.default_state_dir() == tmp_path
 
@@ -365,7 +365,7 @@ def test_default_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
 
 def test_parse_exec_with_options_and_command() -> None:
-    args = local.build_parser().parse_args(
+    args = cli.build_parser().parse_args(
         ["--state-dir", "/tmp/s", "exec", "--kafka-port", "19092", "--", "pytest", "-q", "--tb=short"]
     )
     assert args.command == "exec"
@@ -375,7 +375,7 @@ def test_parse_exec_with_options_and_command() -> None:
 
 
 def test_state_dir_is_accepted_before_or_after_the_command() -> None:
-    parser = local.build_parser()
+    parser = cli.build_parser()
     assert parser.parse_args(["down", "--state-dir", "/tmp/a"]).state_dir == Path("/tmp/a")
     assert parser.parse_args(["--state-dir", "/tmp/b", "down"]).state_dir == Path("/tmp/b")
     assert parser.parse_args(["down"]).state_dir is None
@@ -385,14 +385,14 @@ def test_parse_up_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("COMBEE_KAFKA_PORT", "29092")
     monkeypatch.setenv("COMBEE_REDIS_PORT", "26379")
     monkeypatch.setenv("COMBEE_REDIS_PASSWORD", "secret")
-    args = local.build_parser().parse_args(["up"])
+    args = cli.build_parser().parse_args(["up"])
     assert (args.kafka_port, args.redis_port, args.redis_password) == (29092, 26379, "secret")
 
 
 def test_bad_port_in_the_environment_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMBEE_KAFKA_PORT", "ninety")
     with pytest.raises(local.DeployError, match="COMBEE_KAFKA_PORT='ninety' is not a port number"):
-        local.build_parser()
+        cli.build_parser()
 
 
 def test_exec_without_a_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -409,16 +409,16 @@ def test_unknown_command_is_a_usage_error() -> None:
 
 def test_run_child_exit_codes() -> None:
     env = dict(os.environ)
-    assert local._run_child([sys.executable, "-c", "raise SystemExit(3)"], env) == 3
-    assert local._run_child([sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"], env) == 128 + 15
-    assert local._run_child(["/nonexistent/command"], env) == 127
+    assert cli._run_child([sys.executable, "-c", "raise SystemExit(3)"], env) == 3
+    assert cli._run_child([sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"], env) == 128 + 15
+    assert cli._run_child(["/nonexistent/command"], env) == 127
 
 
 # --------------------------------------------------------------------------------------------------------
 # docker-compose.yml and deploy/pom.xml stay in step with the local path
 # --------------------------------------------------------------------------------------------------------
 
-REPO = local.DEPLOY_DIR.parent
+REPO = config.DEPLOY_DIR.parent
 # Keys that differ on purpose: the compose broker has container networking and its own data volume.
 NETWORK_KEYS = {
     "controller.quorum.voters",
@@ -436,7 +436,7 @@ def test_compose_kafka_matches_server_properties(tmp_path: Path) -> None:
     compose = (REPO / "docker-compose.yml").read_text()
     assert f"image: apache/kafka:{local.KAFKA_VERSION}\n" in compose
     env = dict(re.findall(r"^\s+(KAFKA_[A-Z_]+): \"?([^\"#\n]*?)\"?\s*(?:#.*)?$", compose, re.MULTILINE))
-    text = local._render_server_properties(StackConfig(), tmp_path)
+    text = service._render_server_properties(StackConfig(), tmp_path)
     props = dict(line.split("=", 1) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
     for key, value in props.items():
         if key in NETWORK_KEYS:
@@ -448,5 +448,5 @@ def test_compose_kafka_matches_server_properties(tmp_path: Path) -> None:
 
 
 def test_pom_default_kafka_version_is_the_one_used() -> None:
-    pom = (local.DEPLOY_DIR / "pom.xml").read_text()
+    pom = (config.DEPLOY_DIR / "pom.xml").read_text()
     assert f"<kafka.version>{local.KAFKA_VERSION}</kafka.version>" in pom
