@@ -19,7 +19,7 @@ State directory (default ``var/dev`` under the repository, or ``$COMBEE_STATE_DI
     redis.pid  redis.log  redis.launch.json
     redis/dump.rdb              only between stop_redis(keep_data=True) and the next start
 
-Kafka jars are fetched once with Maven (deploy/pom.xml) into ``$COMBEE_CACHE_DIR/kafka-<version>/lib``
+Kafka jars are fetched once with Maven (deploy/pom.xml) into ``$COMBEE_CACHE_DIR/kafka-<version>/lib-<pom hash>``
 (default ``~/.cache/combee``); later starts never touch the network.
 
 A local multi-node cluster (to test leader failover) lives in a state dir of its own::

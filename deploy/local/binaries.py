@@ -27,8 +27,10 @@ def read_text(path: Path) -> str | None:
         return None
 
 
-def _kafka_lib_dir(version: str) -> Path:
-    return cache_dir() / f"kafka-{version}" / "lib"
+def _kafka_lib_dir(version: str, pom_sha256: str) -> Path:
+    # One directory per POM: a checkout whose deploy/pom.xml differs (even by a comment) fetches beside this
+    # one instead of replacing jars that brokers started from other checkouts have on their classpath.
+    return cache_dir() / f"kafka-{version}" / f"lib-{pom_sha256[:12]}"
 
 
 def fetch_kafka(version: str | None = None) -> Path:
@@ -38,11 +40,12 @@ def fetch_kafka(version: str | None = None) -> Path:
     and renamed into place only when complete, so an interrupted fetch is simply repeated.
     """
     version = version or kafka_version()
-    lib = _kafka_lib_dir(version)
+    pom_sha256 = hashlib.sha256((DEPLOY_DIR / "pom.xml").read_bytes()).hexdigest()
+    lib = _kafka_lib_dir(version, pom_sha256)
     marker = lib / ".complete"
-    # The marker names the POM it was fetched with, so editing deploy/pom.xml (e.g. the log4j version)
-    # refetches instead of silently running with the old jars.
-    stamp = f"kafka {version}; pom sha256 {hashlib.sha256((DEPLOY_DIR / 'pom.xml').read_bytes()).hexdigest()}\n"
+    # The directory and the marker name the POM the jars were fetched with, so editing deploy/pom.xml (e.g. the
+    # log4j version) fetches anew instead of silently running with the old jars.
+    stamp = f"kafka {version}; pom sha256 {pom_sha256}\n"
     if read_text(marker) == stamp:
         return lib
     with locked(lib.parent / ".fetch.lock"):

@@ -332,9 +332,9 @@ def test_fetch_kafka_uses_the_cache_without_maven(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setenv("COMBEE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", "/nonexistent")  # no mvn
-    lib = tmp_path / "kafka-9.9.9" / "lib"
-    lib.mkdir(parents=True)
     pom_hash = hashlib.sha256((config.DEPLOY_DIR / "pom.xml").read_bytes()).hexdigest()
+    lib = tmp_path / "kafka-9.9.9" / f"lib-{pom_hash[:12]}"  # one directory per POM: no checkout replaces another's
+    lib.mkdir(parents=True)
     (lib / ".complete").write_text(f"kafka 9.9.9; pom sha256 {pom_hash}\n")
     assert local.fetch_kafka("9.9.9") == lib
     (lib / ".complete").write_text("kafka 9.9.9; pom sha256 stale\n")  # the POM changed since: refetch
