@@ -37,10 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy.local.cli import exit_on_signal
 from deploy.local.config import HOST, DeployError, default_state_dir, locked, prepare_state_dir, write_json
 from deploy.local.ports import require_free
-from deploy.local.process import forget, live_record, log_path, read_record
+from deploy.local.process import exit_on_signal, forget, live_record, log_path, read_record
 from deploy.local.service import spawn, stop_service, wait_ready
 from deploy.weights import (
     DEFAULT_MODEL,

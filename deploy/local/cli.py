@@ -17,11 +17,11 @@ from typing import Any
 from deploy.local.binaries import fetch_kafka
 from deploy.local.cluster import ClusterServices, cluster_up, restart_node
 from deploy.local.config import DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT, SERVICE_NAMES, DeployError, env_int, say
+from deploy.local.process import exit_on_signal
 from deploy.local.stack import Services, down, restart_kafka, restart_redis, status, up
 
 __all__ = [
     "build_parser",
-    "exit_on_signal",
     "main",
     "run_with_services",
 ]
@@ -141,11 +141,6 @@ def _format_status(report: dict[str, Any]) -> str:
             f"answering={'yes' if item['answering'] else 'no':<4} log={item['log']}"
         )
     return "\n".join(lines)
-
-
-def exit_on_signal(signum: int, _frame: object) -> None:
-    # Unwind instead of dying on the spot, so that a half-done `up` stops what it started (see up()).
-    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

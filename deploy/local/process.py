@@ -19,6 +19,7 @@ __all__ = [
     "ProcInfo",
     "ProcessRecord",
     "cmdline_matches",
+    "exit_on_signal",
     "forget",
     "indent",
     "is_same_process",
@@ -202,3 +203,8 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def indent(lines: Sequence[str]) -> str:
     return "\n".join("    " + line for line in lines)
+
+
+def exit_on_signal(signum: int, _frame: object) -> None:
+    # Unwind instead of dying on the spot, so that a half-done `up` stops what it started (see up()).
+    raise SystemExit(128 + signum)
