@@ -116,6 +116,9 @@ def _diff(client: PromptClient, args: argparse.Namespace) -> None:
         from_version = args.from_version
     else:  # the published version before --to (versions a newer one superseded were never published)
         from_version = max((v for v in published if v < to_version), default=0)
+    for v in (to_version, from_version):
+        if v not in published and v != 0:  # 0: before the first version
+            raise CliError(_not_retained(client, v))
     wanted = [v for v in published if from_version <= v <= to_version]
     records = [r for r in (client.version_record(v) for v in wanted) if r is not None]
     if from_version == 0:  # before the first version: the empty playbook
