@@ -116,6 +116,8 @@ def _diff(client: PromptClient, args: argparse.Namespace) -> None:
         from_version = args.from_version
     else:  # the published version before --to (versions a newer one superseded were never published)
         from_version = max((v for v in published if v < to_version), default=0)
+    if from_version > to_version:
+        raise CliError(f"--from {from_version} is newer than --to {to_version}")
     for v in (to_version, from_version):
         if v not in published and v != 0:  # 0: before the first version
             raise CliError(_not_retained(client, v))

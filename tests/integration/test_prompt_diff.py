@@ -116,6 +116,9 @@ def test_diff_of_two_published_versions_names_the_window_and_traces_of_each_chan
     assert first.stdout.splitlines()[0] == f"{NS}: v0 -> v1: 2 added, 0 changed, 0 removed"
     assert f"taught by window {W1} (v1); traces 3: t0, t1, t2" in first.stdout
 
+    reversed_ = combee(prefix, "diff", NS, "--from", "2", "--to", "1")
+    assert reversed_.returncode == 2 and reversed_.stderr == "combee: error: --from 2 is newer than --to 1\n"
+
     unknown = combee(prefix, "diff", NS, "--to", "9")
     assert unknown.returncode == 2
     assert unknown.stderr == (
