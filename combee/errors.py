@@ -16,6 +16,7 @@ __all__ = [
     "LLMParseError",
     "LLMRateLimited",
     "LLMUnavailable",
+    "TopicMissing",
     "TraceError",
 ]
 
@@ -30,6 +31,15 @@ class ConfigError(CombeeError):
 
 class InvalidNamespace(CombeeError, ValueError):
     """A namespace name is not safe to use as a Kafka key and a Redis key component."""
+
+
+class TopicMissing(CombeeError):
+    """A Kafka topic Combee needs does not exist. ``topic`` names it; the message also gives the command that
+    creates it (topics are created by deployment, ``combee topics create``, not by the first writer)."""
+
+    def __init__(self, topic: str, message: str) -> None:
+        super().__init__(message)
+        self.topic = topic
 
 
 class TraceError(CombeeError, ValueError):

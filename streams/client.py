@@ -36,10 +36,18 @@ import redis.exceptions
 
 from combee.errors import CombeeError
 from combee.models import validate_namespace
+from combee.promptdiff import VersionRecord
 from combee.settings import Settings
 from streams.keys import RedisKeys
 from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
-from streams.redis_records import HistoryEntry, parse_history, reply_float, reply_text
+from streams.redis_records import (
+    RECORD_FIELDS,
+    HistoryEntry,
+    parse_history,
+    parse_version_record,
+    reply_float,
+    reply_text,
+)
 
 __all__ = ["AsyncPromptClient", "PromptClient", "PromptUnavailable", "PromptVersion"]
 
@@ -289,6 +297,23 @@ class PromptClient(_ClientBase):
         except _READ_ERRORS as exc:
             raise PromptUnavailable(f"cannot read the history of {self.namespace!r}: {self._describe(exc)}") from None
         return parse_history(members)
+
+    def version(self, version: int) -> PromptVersion | None:
+        """Published version ``version`` if it is still retained, else None (not cached).
+        Raises PromptUnavailable when Redis cannot be read."""
+        try:
+            return self._read(self.keys.version(self.namespace, version))
+        except _READ_ERRORS as exc:
+            raise PromptUnavailable(f"cannot read {self.namespace!r} v{version}: {self._describe(exc)}") from None
+
+    def version_record(self, version: int) -> VersionRecord | None:
+        """Version ``version``'s playbook and provenance (:mod:`combee.promptdiff`), or None when not retained.
+        Raises PromptUnavailable when Redis cannot be read."""
+        key = self.keys.version(self.namespace, version)
+        try:
+            return parse_version_record(self.namespace, cast(Sequence[Any], self._redis.hmget(key, RECORD_FIELDS)))
+        except _READ_ERRORS as exc:
+            raise PromptUnavailable(f"cannot read {self.namespace!r} v{version}: {self._describe(exc)}") from None
 
     def watch(self, timeout: float | None = None, *, after: int | None = None) -> Generator[PromptVersion, None, None]:
         """Yield each new version of the namespace, in strictly increasing version order.

@@ -101,6 +101,7 @@ class WindowPlan(_Envelope):
     mapped_at: float
     map_service_s: float = 0.0
     skipped_traces: int = 0
+    trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -172,6 +173,7 @@ class DeltaRecord(_Envelope):
     rollback_to: int | None = None
     playbook: Playbook | None = Field(default=None, description="the resulting playbook, for rollback records")
     epoch: int | None = Field(default=None, ge=0, description="offset of the writer's claim in this partition")
+    trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

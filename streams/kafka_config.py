@@ -23,6 +23,7 @@ admin client logs its whole configuration at DEBUG) or printing it shows no secr
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,19 +31,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from combee.errors import ConfigError
-from streams.topics import Topics, TopicSpec
+from streams.topics import DEFAULT_PARTITIONS, DEFAULT_PREFIX, Topics, TopicSpec
 
 if TYPE_CHECKING:
     from combee.settings import Settings
 
 __all__ = [
     "MaskedSecret",
+    "TopicState",
     "TopicsReport",
     "aiokafka_security_kwargs",
     "bootstrap_servers",
+    "create_topics_command",
+    "describe_topics",
     "ensure_topics",
     "faust_security_kwargs",
     "kafka_security_kwargs",
+    "missing_topics",
+    "topic_states",
 ]
 
 log = logging.getLogger(__name__)
@@ -313,19 +319,8 @@ def ensure_topics(
             "(with more, every acks=all write would fail)"
         )
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas is not None else {}
-    if admin_factory is None:
-        from kafka.admin import KafkaAdminClient
-
-        admin_factory = KafkaAdminClient
     timeout_ms = max(1000, int(timeout_s * 1000))
-    security = kafka_security_kwargs(kafka) if not isinstance(kafka, str) else {}
-    admin = admin_factory(
-        bootstrap_servers=bootstrap_servers(kafka),
-        client_id="combee-ensure-topics",
-        request_timeout_ms=timeout_ms,
-        bootstrap_timeout_ms=timeout_ms,
-        **security,
-    )
+    admin = _admin(kafka, "combee-ensure-topics", timeout_s, admin_factory)
     try:
         specs = topics.specs()
         names = [s.name for s in specs]
@@ -380,3 +375,118 @@ def ensure_topics(
         return TopicsReport(created=tuple(created), existing=existing, config_drift=drift)
     finally:
         admin.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Describing topics, and what to say when one is missing
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """One of Combee's topics as the cluster has it, beside its spec.
+
+    ``partitions`` and ``replication_factor`` are None when the topic does not exist (``exists`` False);
+    ``replication_factor`` is the replica count of the topic's first partition.
+    """
+
+    spec: TopicSpec
+    exists: bool
+    partitions: int | None = None
+    replication_factor: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The topic exists with the partition count its spec asks for."""
+        return self.exists and self.partitions == self.spec.partitions
+
+
+def topic_states(specs: list[TopicSpec], described: Mapping[str, Mapping[str, Any]]) -> list[TopicState]:
+    """Each spec beside what a metadata answer (kafka-python's ``describe_topics``, by topic name) says of it."""
+    states = []
+    for spec in specs:
+        info = described.get(spec.name)
+        if not _exists(info):
+            states.append(TopicState(spec, exists=False))
+            continue
+        assert info is not None
+        partitions = sorted(info.get("partitions") or [], key=lambda p: p.get("partition_index", 0))
+        replicas = partitions[0].get("replica_nodes") if partitions else None
+        states.append(
+            TopicState(
+                spec,
+                exists=True,
+                partitions=len(partitions),
+                replication_factor=len(replicas) if isinstance(replicas, list) else None,
+            )
+        )
+    return states
+
+
+def _admin(kafka: Settings | str, client_id: str, timeout_s: float, admin_factory: Callable[..., Any] | None) -> Any:
+    if admin_factory is None:
+        from kafka.admin import KafkaAdminClient
+
+        admin_factory = KafkaAdminClient
+    timeout_ms = max(1000, int(timeout_s * 1000))
+    security = kafka_security_kwargs(kafka) if not isinstance(kafka, str) else {}
+    return admin_factory(
+        bootstrap_servers=bootstrap_servers(kafka),
+        client_id=client_id,
+        request_timeout_ms=timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        **security,
+    )
+
+
+def describe_topics(
+    kafka: Settings | str,
+    topics: Topics,
+    *,
+    timeout_s: float = 10.0,
+    admin_factory: Callable[..., Any] | None = None,
+) -> list[TopicState]:
+    """Every topic of ``topics.specs()`` as the cluster has it (one metadata request; nothing is changed).
+
+    Connection failures raise kafka-python's errors (NoBrokersAvailable, KafkaTimeoutError).
+    """
+    admin = _admin(kafka, "combee-describe-topics", timeout_s, admin_factory)
+    try:
+        specs = topics.specs()
+        return topic_states(specs, _describe(admin, [s.name for s in specs]))
+    finally:
+        admin.close()
+
+
+def missing_topics(
+    kafka: Settings | str,
+    names: list[str],
+    *,
+    timeout_s: float = 10.0,
+    admin_factory: Callable[..., Any] | None = None,
+) -> list[str]:
+    """The topics of ``names`` that the cluster says do not exist (UNKNOWN_TOPIC_OR_PARTITION), in order.
+
+    A topic the client may not describe (not authorised) is not reported missing: only the broker's "unknown"
+    counts. Connection failures raise kafka-python's errors.
+    """
+    admin = _admin(kafka, "combee-topic-check", timeout_s, admin_factory)
+    try:
+        described = _describe(admin, names)
+    finally:
+        admin.close()
+    return [n for n in names if (described.get(n) or {}).get("error_code") == _UNKNOWN_TOPIC]
+
+
+def create_topics_command(bootstrap: str, topics: Topics) -> str:
+    """The ``combee topics create`` command line that creates ``topics`` on the cluster at ``bootstrap``.
+
+    Options equal to the defaults (prefix ``combee``, 4 partitions) are left out; security settings come from
+    the environment (COMBEE_KAFKA_*), as for every ``combee`` command.
+    """
+    parts = ["combee", "topics", "create", "--bootstrap", bootstrap]
+    if topics.prefix != DEFAULT_PREFIX:
+        parts += ["--prefix", topics.prefix]
+    if topics.partitions != DEFAULT_PARTITIONS:
+        parts += ["--partitions", str(topics.partitions)]
+    return shlex.join(parts)

@@ -3,8 +3,9 @@
 Every key of a namespace carries the hash tag ``{<namespace>}`` so that all of them live in one Redis
 Cluster slot and the atomic publish script can touch them together.
 
-``<prefix>:{<ns>}:current``   hash: version, prompt, playbook (JSON), window_id, published_at
-``<prefix>:{<ns>}:v:<N>``     hash: the same fields for version N (old versions stay addressable)
+``<prefix>:{<ns>}:current``   hash: version, prompt, playbook (JSON), window_id, published_at, meta (JSON)
+``<prefix>:{<ns>}:v:<N>``     hash: the same fields for version N (old versions stay addressable); its
+                              meta's ``provenance`` lists the windows and trace ids it covers
 ``<prefix>:{<ns>}:history``   sorted set: member = JSON summary of a version, score = version
 ``<prefix>:{<ns>}:updates``   pub/sub channel: a message (the version number) per new version
 ``<prefix>:{<ns>}:status``    string: JSON status of the learner for the namespace (``combee status``)

@@ -9,7 +9,10 @@ Producer settings (kafka-python 3.0 against Kafka 4.x): ``acks="all"``, the idem
 (``enable_idempotence=True``: broker-assigned producer id + sequence numbers, so the client's own retries
 cannot duplicate or reorder a record), retries unbounded but limited in time by ``delivery_timeout_ms``,
 a small ``linger_ms``, lz4 compression when the ``lz4`` package is installed (else none), and no topic
-auto-creation (topics come from :func:`streams.kafka_config.ensure_topics`).
+auto-creation (topics come from :func:`streams.kafka_config.ensure_topics`, i.e. ``combee topics create``).
+Before its first record the publisher asks the cluster once whether its topic exists, so a missing topic is
+one clear :class:`~combee.errors.TopicMissing` (naming the topic and the command that creates it) rather than
+kafka-python's ``KafkaTimeoutError`` after ``max_block_ms``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from combee.errors import ConfigError, InvalidNamespace, TraceError
+from combee.errors import ConfigError, InvalidNamespace, TopicMissing, TraceError
 from combee.models import Trace, validate_namespace
 from combee.tracefile import parse_trace
-from streams.kafka_config import bootstrap_servers, kafka_security_kwargs
+from streams.kafka_config import bootstrap_servers, create_topics_command, kafka_security_kwargs, missing_topics
 from streams.topics import Topics
 
 if TYPE_CHECKING:
@@ -105,6 +108,11 @@ class TracePublisher:
     ``topic_prefix``). Construction connects to the cluster (kafka-python bootstraps eagerly) and raises
     kafka-python's ``NoBrokersAvailable`` if it cannot, or ConfigError for bad settings.
 
+    ``topic_exists`` answers whether a topic exists; it is asked once, before the first record is sent, and
+    again on later sends for as long as the answer was no. The default asks the cluster (one metadata request
+    through an admin client, bounded by ``max_block_ms``); with an injected ``producer_factory`` there is no
+    cluster to ask, so the topic counts as existing unless ``topic_exists`` is given too.
+
     ``publish``/``publish_many`` are thread-safe (kafka-python's producer is). Delivery is asynchronous: the
     returned futures resolve to the record metadata or fail after ``delivery_timeout_ms``; failures are also
     logged and counted in ``failed`` so a fire-and-forget caller still learns about them.
@@ -123,6 +131,7 @@ class TracePublisher:
         idempotent: bool = True,
         default_namespace: str | None = None,
         producer_factory: Callable[..., ProducerLike] | None = None,
+        topic_exists: Callable[[str], bool] | None = None,
     ) -> None:
         if topics is None:
             topics = Topics() if isinstance(kafka, str) else Topics(kafka.topic_prefix, kafka.partitions)
@@ -135,6 +144,19 @@ class TracePublisher:
         security = {} if isinstance(kafka, str) else kafka_security_kwargs(kafka)
         self._security_protocol = security.get("security_protocol", "PLAINTEXT")
         self.compression_type = _compression_type(compression)
+        if topic_exists is None:
+            if producer_factory is None:
+
+                def topic_exists(name: str) -> bool:
+                    return not missing_topics(kafka, [name], timeout_s=max_block_ms / 1000)
+
+            else:
+
+                def topic_exists(name: str) -> bool:
+                    return True
+
+        self._topic_exists = topic_exists
+        self._topic_seen = False
         if producer_factory is None:
             from kafka import KafkaProducer
 
@@ -166,7 +188,16 @@ class TracePublisher:
         if self._closed:
             raise RuntimeError("this TracePublisher is closed")
 
+    def _check_topic(self) -> None:
+        if self._topic_seen:
+            return
+        if not self._topic_exists(self.topic):
+            command = create_topics_command(self._bootstrap, self.topics)
+            raise TopicMissing(self.topic, f"Kafka topic {self.topic} does not exist; create it with: {command}")
+        self._topic_seen = True
+
     def _send(self, trace: Trace, raw: bytes) -> FutureRecordMetadata:
+        self._check_topic()
         future = self._producer.send(self.topic, value=raw, key=trace.namespace.encode("utf-8"))
         self.sent += 1
         if hasattr(future, "add_callback"):
@@ -186,8 +217,9 @@ class TracePublisher:
         """Validate one trace and send it; returns kafka-python's future for the record's metadata.
 
         Raises InvalidNamespace / TraceError (see :func:`encode_trace`) without sending anything;
+        :class:`~combee.errors.TopicMissing` when the cluster has no traces topic (nothing sent);
         RuntimeError after :meth:`close`; kafka-python's ``KafkaTimeoutError`` when the producer cannot take
-        the record within ``max_block_ms`` (no metadata for the topic — is it created? — or a full buffer).
+        the record within ``max_block_ms`` (no metadata for the topic, or a full buffer).
         """
         self._check_open()
         parsed, raw = encode_trace(trace, default_namespace=self.default_namespace)
@@ -196,7 +228,8 @@ class TracePublisher:
     def publish_many(self, traces: Iterable[Trace | Mapping[str, Any]]) -> list[FutureRecordMetadata]:
         """Validate *all* traces first, then send them in order: one invalid trace means nothing is sent.
 
-        Raises TraceError / InvalidNamespace naming the position (``trace #3: ...``) of the first bad one.
+        Raises TraceError / InvalidNamespace naming the position (``trace #3: ...``) of the first bad one, and
+        TopicMissing before sending anything when the traces topic does not exist.
         """
         self._check_open()
         encoded: list[tuple[Trace, bytes]] = []

@@ -3,13 +3,15 @@
 :class:`LatestVersionPublisher` sits between a learner and the store: ``offer()`` returns at once and keeps
 only the newest pending version per namespace; a background loop publishes, backing off (capped exponential,
 jittered) while Redis is unreachable, so learning never waits for Redis and, once Redis is back, the newest
-version lands and the superseded ones are skipped.
+version lands and the superseded ones are skipped. A superseded offer's ``meta["provenance"]`` windows are
+carried into the offer that supersedes it, so the published version still names every window it covers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from combee.models import validate_namespace
+from combee.promptdiff import PROVENANCE_KEY
 from streams.redis_connection import describe_error, is_retryable
 from streams.redis_records import check_version
 
@@ -40,6 +43,15 @@ class _Offer:
     playbook_json: str
     window_id: str | None
     meta: dict[str, Any] | None
+
+
+def _carry_provenance(superseded: dict[str, Any] | None, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The newer offer's meta with the superseded offer's ``provenance`` windows in front of its own: the version
+    that does get published then names every window applied since the previously published one."""
+    older = (superseded or {}).get(PROVENANCE_KEY)
+    if meta is None or not isinstance(older, list) or not isinstance(meta.get(PROVENANCE_KEY), list):
+        return meta
+    return {**meta, PROVENANCE_KEY: [*older, *meta[PROVENANCE_KEY]]}
 
 
 @dataclass(frozen=True)
@@ -144,11 +156,11 @@ class LatestVersionPublisher:
         if (waiting is not None and waiting.version >= version) or self._last_published.get(namespace, -1) >= version:
             self.superseded += 1
             return False
+        meta = dict(meta) if meta is not None else None
         if waiting is not None:
             self.superseded += 1
-        self._pending[namespace] = _Offer(
-            namespace, version, prompt, playbook_json, window_id, dict(meta) if meta is not None else None
-        )
+            meta = _carry_provenance(waiting.meta, meta)
+        self._pending[namespace] = _Offer(namespace, version, prompt, playbook_json, window_id, meta)
         self._idle.clear()
         self._wake.set()
         return True
@@ -256,6 +268,8 @@ class LatestVersionPublisher:
         newer = self._pending.get(offer.namespace)
         if newer is None or newer.version < offer.version:
             self._pending[offer.namespace] = offer
+        elif newer.version > offer.version:  # the failed version is superseded: its windows go with the newer one
+            self._pending[offer.namespace] = dataclasses.replace(newer, meta=_carry_provenance(offer.meta, newer.meta))
 
     def start(self) -> asyncio.Task[None]:
         """Run :meth:`run` as a background task of the current event loop (idempotent)."""

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from combee.models import Playbook
+from combee.promptdiff import VersionRecord, parse_provenance
 from combee.store import PublishedPrompt
 
 if TYPE_CHECKING:
@@ -19,10 +21,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_VERSION",
+    "RECORD_FIELDS",
     "HistoryEntry",
     "check_version",
     "parse_history",
     "parse_prompt_fields",
+    "parse_version_record",
     "reply_float",
     "reply_text",
 ]
@@ -71,6 +75,31 @@ def parse_prompt_fields(namespace: str, values: Sequence[Any]) -> PublishedPromp
         playbook_json=playbook,
         window_id=window_id or None,
         published_at=reply_float(published_at),
+    )
+
+
+RECORD_FIELDS: Final = ("version", "playbook", "window_id", "meta")
+"""The fields of a prompt hash that :func:`parse_version_record` reads (``HMGET <hash> *RECORD_FIELDS``)."""
+
+
+def parse_version_record(namespace: str, values: Sequence[Any]) -> VersionRecord | None:
+    """A :class:`~combee.promptdiff.VersionRecord` (playbook and provenance) from an ``HMGET <hash>
+    *RECORD_FIELDS`` reply, or None when the hash does not exist. A missing or malformed ``meta`` (versions
+    published before provenance was stored) gives no provenance. Raises ValueError for a malformed playbook."""
+    version, playbook, window_id, meta = (reply_text(v) for v in values)
+    if version is None:
+        return None
+    if playbook is None:
+        raise ValueError(f"prompt hash of namespace {namespace!r} version {version} has no playbook")
+    try:
+        parsed_meta = json.loads(meta) if meta else {}
+    except ValueError:
+        parsed_meta = {}
+    return VersionRecord(
+        version=int(version),
+        playbook=Playbook.model_validate_json(playbook),
+        window_id=window_id or None,
+        provenance=parse_provenance(parsed_meta if isinstance(parsed_meta, dict) else {}),
     )
 
 

@@ -12,6 +12,9 @@ entry *and* their per-version hash, so any of them can be read back (rollback, a
 per-version hash in the same step that trims its history entry, and only those — never one newer than the
 trim point — so the two always describe the same set of versions. Nothing here expires except ``status``.
 
+``meta`` is stored whole in the per-version hash (field ``meta``) and, without its ``provenance`` list (the
+windows and trace ids a version covers, :mod:`combee.promptdiff`), in the history entry, which stays small.
+
 The publisher that feeds it is :mod:`streams.redis_publisher`; connections and redaction are
 :mod:`streams.redis_connection`; parsing what the script wrote is :mod:`streams.redis_records`.
 """
@@ -33,6 +36,7 @@ import redis.retry
 
 from combee.errors import ConfigError
 from combee.models import validate_namespace
+from combee.promptdiff import PROVENANCE_KEY
 from combee.redaction import redact
 from combee.store import PromptStore, PublishedPrompt
 from combee.tokens import estimate_tokens
@@ -251,7 +255,7 @@ class RedisPromptStore(PromptStore):
             published_at=published_at,
             bullets=_bullet_count(playbook),
             tokens=estimate_tokens(prompt),
-            meta=meta,
+            meta={k: v for k, v in meta.items() if k != PROVENANCE_KEY},  # trace ids: per version, not in history
         )
         keys = (
             self.keys.current(namespace),

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 from aiokafka.partitioner import murmur2
 
-__all__ = ["MAX_MESSAGE_BYTES", "TopicSpec", "Topics", "partition_for"]
+__all__ = ["DEFAULT_PARTITIONS", "DEFAULT_PREFIX", "MAX_MESSAGE_BYTES", "TopicSpec", "Topics", "partition_for"]
+
+DEFAULT_PREFIX = "combee"
+DEFAULT_PARTITIONS = 4
 
 # A window envelope carries its traces (up to bs_max of them): allow 8 MiB records on Combee's topics.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -37,8 +40,8 @@ class TopicSpec:
 class Topics:
     """Topic names under a prefix (default ``combee``); tests use unique prefixes to share one broker."""
 
-    prefix: str = "combee"
-    partitions: int = 4
+    prefix: str = DEFAULT_PREFIX
+    partitions: int = DEFAULT_PARTITIONS
 
     @property
     def traces(self) -> str:

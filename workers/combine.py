@@ -209,6 +209,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         applied_at=time.time(),
         critical_path_s=_critical_path(w),
         epoch=rt.tenure.epoch,
+        trace_ids=plan.trace_ids,
     )
     if not await commit(ctx, rt, record, playbook, plan.seq + 1, plan.source):
         return False

@@ -16,6 +16,7 @@ from contextlib import aclosing
 
 from combee.models import Playbook
 from combee.playbook import apply_delta, render_prompt
+from combee.promptdiff import PROVENANCE_KEY, provenance_entry
 from streams.deltalog import (
     ClaimTracker,
     Position,
@@ -144,7 +145,12 @@ async def _remember(
         render_prompt(playbook),
         playbook.model_dump_json(),
         window_id=record.window_id,
-        meta={"bullets": len(playbook.bullets), "traces": record.trace_count, "note": record.note},
+        meta={
+            "bullets": len(playbook.bullets),
+            "traces": record.trace_count,
+            "note": record.note,
+            PROVENANCE_KEY: [provenance_entry(record.version, record.window_id, record.trace_ids)],
+        },
     )
 
 

@@ -175,6 +175,7 @@ async def _map_one(
         mapped_at=time.time(),
         map_service_s=map_s,
         skipped_traces=meter.skipped_traces,
+        trace_ids=tuple(t.trace_id for t in acc.traces),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)
     log.info(

@@ -111,6 +111,7 @@ def _streaming(args: argparse.Namespace) -> int:
     prefix = f"demo{int(time.time())}"
     worker: subprocess.Popen[bytes] | None = None
     try:
+        _create_topics(bootstrap, prefix)
         with SimProcess(SimConfig(seed=1, time_scale=args.time_scale), world="combee") as sim:
             _say(f"SIMULATED model serving at {sim.base_url} (time scale {args.time_scale})")
             log_path = args.out / "worker.log"
@@ -142,6 +143,15 @@ def _streaming(args: argparse.Namespace) -> int:
         if started:
             local.down(state_dir, services=started)
             _say(f"stopped {', '.join(started)}")
+
+
+def _create_topics(bootstrap: str, prefix: str) -> None:
+    """The deployment step before any worker or publisher runs (``combee topics create``)."""
+    from streams.kafka_config import ensure_topics
+    from streams.topics import Topics
+
+    report = ensure_topics(bootstrap, Topics(prefix=prefix))
+    _say(f"topics under prefix {prefix}: {len(report.created)} created, {len(report.existing)} already there")
 
 
 def _publish(bootstrap: str, prefix: str, n: int, rate: float) -> dict[str, int]:
@@ -270,6 +280,7 @@ def _streaming_real(args: argparse.Namespace) -> int:
         # one window holds every trace: the demo shows one Combee iteration (map, shuffle, scan) on real data
         os.environ.setdefault("COMBEE_BS_CANDIDATES", f"[{len(traces)}]")
         os.environ.setdefault("COMBEE_BS_MIN", "1")
+        _create_topics(bootstrap, prefix)
         worker = spawn_worker(log_path, "--until-idle", "30", base_url=base_url, bootstrap=bootstrap,
                               redis_url=redis_url, prefix=prefix, max_wait_s=5)  # fmt: skip
         _say(f"worker pid {worker.pid} (log: {log_path})")

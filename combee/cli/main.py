@@ -1,7 +1,7 @@
 """``combee``: the parser of every verb, and the one place a failure becomes a line on stderr and an exit status.
 
 Each verb lives in its own module of this package (``learn``, ``sim``, ``demo``, ``worker``, ``publish``,
-``prompt``, ``replay``, ``status``, ``dev``, ``llm``, ``bench``, ``task``) and registers itself with an
+``prompt``, ``replay``, ``status``, ``topics``, ``dev``, ``llm``, ``bench``, ``task``) and registers itself with an
 ``add_<verb>_command(subparsers)``; what they share is in :mod:`combee.cli.base`. Every verb is documented in
 README.md.
 """
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from combee import __version__
-from combee.cli.base import EXIT_LLM, EXIT_USAGE, CliError, Parser
+from combee.cli.base import EXIT_LLM, EXIT_SERVICE, EXIT_USAGE, CliError, Parser
 from combee.cli.bench import add_bench_command
 from combee.cli.demo import add_demo_command
 from combee.cli.dev import add_dev_command
@@ -25,8 +25,9 @@ from combee.cli.replay import add_replay_command
 from combee.cli.sim import add_sim_command
 from combee.cli.status import add_status_command
 from combee.cli.task import add_task_command
+from combee.cli.topics import add_topics_command
 from combee.cli.worker import add_worker_command
-from combee.errors import CombeeError, ConfigError, LLMRateLimited, LLMUnavailable
+from combee.errors import CombeeError, ConfigError, LLMRateLimited, LLMUnavailable, TopicMissing
 
 __all__ = ["build_parser", "main"]
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_prompt_command,
         add_replay_command,
         add_status_command,
+        add_topics_command,
         add_dev_command,
         add_llm_command,
         add_bench_command,
@@ -65,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"the LLM endpoint keeps rate-limiting: {exc}", EXIT_LLM)
     except LLMUnavailable as exc:
         return _fail(f"cannot use the LLM endpoint: {exc}", EXIT_LLM)
+    except TopicMissing as exc:
+        return _fail(str(exc), EXIT_SERVICE)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_USAGE)
     except CombeeError as exc:

@@ -1,15 +1,20 @@
-"""``combee prompt get|watch|history|rollback``: read, or roll back, the learned prompt of a namespace."""
+"""``combee prompt get|show|watch|history|diff|rollback``: read, compare or roll back the learned prompt of a
+namespace. ``diff`` reads the versions from Redis and leaves the comparison to :mod:`combee.promptdiff`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from combee.cli.base import CliError, add_connection_options, positive_int, prompt_client, stream_settings
+
+if TYPE_CHECKING:
+    from streams.client import PromptClient
 
 __all__ = ["add_prompt_command", "cmd_prompt"]
 
@@ -29,11 +34,19 @@ def add_prompt_command(sub: Any) -> None:
     h = psub.add_parser("history", help="list published versions, newest first")
     h.add_argument("namespace")
     h.add_argument("--limit", type=positive_int, default=20)
+    s = psub.add_parser("show", help="print one version's prompt")
+    s.add_argument("namespace")
+    s.add_argument("--version", type=positive_int, required=True, metavar="V")
+    d = psub.add_parser("diff", help="bullets added, changed and removed between two versions, with provenance")
+    d.add_argument("namespace")
+    d.add_argument("--from", dest="from_version", type=int, metavar="V", help="default: the previous version")
+    d.add_argument("--to", dest="to_version", type=positive_int, metavar="W", help="default: the current version")
+    d.add_argument("--json", action="store_true")
     r = psub.add_parser("rollback", help="publish an earlier version's content as a new version")
     r.add_argument("namespace")
     r.add_argument("--to", type=positive_int, required=True, metavar="VERSION")
     r.add_argument("--timeout", type=float, default=60.0)
-    for q in (g, w, h, r):
+    for q in (g, s, w, h, d, r):
         add_connection_options(q)
     p.set_defaults(func=cmd_prompt)
 
@@ -54,6 +67,15 @@ def cmd_prompt(args: argparse.Namespace) -> int:
                 else:
                     print(f"# namespace {v.namespace} · version {v.version} · window {v.window_id}", file=sys.stderr)
                     print(v.prompt, end="")
+            elif args.prompt_command == "show":
+                shown = client.version(args.version)
+                if shown is None:
+                    raise CliError(_not_retained(client, args.version))
+                header = f"# namespace {shown.namespace} · version {shown.version} · window {shown.window_id}"
+                print(header, file=sys.stderr)
+                print(shown.prompt, end="")
+            elif args.prompt_command == "diff":
+                _diff(client, args)
             elif args.prompt_command == "history":
                 for h in client.history(limit=args.limit):
                     when = (
@@ -71,6 +93,43 @@ def cmd_prompt(args: argparse.Namespace) -> int:
         except PromptUnavailable as exc:
             raise CliError(str(exc), 4) from None
     return 0
+
+
+def _not_retained(client: PromptClient, version: int) -> str:
+    from streams.redis_store import DEFAULT_HISTORY_LIMIT
+
+    versions = [h.version for h in client.history(limit=DEFAULT_HISTORY_LIMIT)]
+    held = f"versions {min(versions)}..{max(versions)}" if versions else "no version yet"
+    return f"{client.namespace}: version {version} is not published or no longer retained (there are {held})"
+
+
+def _diff(client: PromptClient, args: argparse.Namespace) -> None:
+    from combee.models import Playbook
+    from combee.promptdiff import VersionRecord, diff_versions, render_diff
+    from streams.redis_store import DEFAULT_HISTORY_LIMIT
+
+    published = sorted(h.version for h in client.history(limit=DEFAULT_HISTORY_LIMIT))
+    if not published:
+        raise CliError(f"namespace {client.namespace!r} has no published prompt yet", 4)
+    to_version = args.to_version if args.to_version is not None else published[-1]
+    if args.from_version is not None:
+        from_version = args.from_version
+    else:  # the published version before --to (versions a newer one superseded were never published)
+        from_version = max((v for v in published if v < to_version), default=0)
+    if from_version > to_version:
+        raise CliError(f"--from {from_version} is newer than --to {to_version}")
+    for v in (to_version, from_version):
+        if v not in published and v != 0:  # 0: before the first version
+            raise CliError(_not_retained(client, v))
+    wanted = [v for v in published if from_version <= v <= to_version]
+    records = [r for r in (client.version_record(v) for v in wanted) if r is not None]
+    if from_version == 0:  # before the first version: the empty playbook
+        records.append(VersionRecord(0, Playbook(namespace=client.namespace)))
+    diff = diff_versions(records, from_version, to_version)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(diff), indent=2))
+    else:
+        print(render_diff(diff), end="")
 
 
 def _rollback(settings: Any, args: argparse.Namespace) -> int:

@@ -318,7 +318,9 @@ def test_combee_llm_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None
 def test_dev_up_llm_and_dev_down(
     monkeypatch: pytest.MonkeyPatch, argv: list[str], local_calls: list[list[str]], llm_calls: list[list[str]]
 ) -> None:
+    from combee.cli import topics as topics_cli
     from deploy import local
+    from streams.kafka_config import TopicsReport
 
     calls: dict[str, list[list[str]]] = {"local": [], "llm": []}
 
@@ -331,6 +333,7 @@ def test_dev_up_llm_and_dev_down(
 
     monkeypatch.setattr(local, "main", recorder("local"))
     monkeypatch.setattr(llm, "main", recorder("llm"))
+    monkeypatch.setattr(topics_cli, "create_topics", lambda settings, **kw: TopicsReport(created=(), existing=()))
     args = build_parser().parse_args(argv)
     assert args.func(args) == 0
     assert calls == {"local": local_calls, "llm": llm_calls}

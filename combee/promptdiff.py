@@ -1,0 +1,181 @@
+"""What changed in a namespace's prompt between two published versions, and which window and traces taught it.
+
+Pure: the caller reads the published versions (:class:`VersionRecord`: the playbook and the provenance the
+publisher stored with it) and :func:`diff_versions` compares two of them bullet by bullet. A bullet is
+*added* when its id is new, *changed* when its content or section differs (its helpful/harmful counters move
+every window and do not count), *removed* when its id is gone. Ids are never reused, so ids are identity.
+
+Provenance: every bullet records the window (and version) that created it and that last changed it
+(:class:`~combee.models.Provenance`); each published version records, for every window applied since the
+previous published version, the window id and the ids of the traces it learned from
+(:class:`WindowProvenance`, stored by the publisher under ``meta["provenance"]``). An added bullet is taught by
+its ``created`` window, a changed one by its ``updated`` window, a removed one by the first published version
+in which it is gone. Trace ids are None when they were not recorded (a version published before provenance
+was stored, or a window whose version is no longer retained).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from combee.errors import CombeeError, ConfigError
+from combee.models import Bullet, Playbook
+
+__all__ = [
+    "PROVENANCE_KEY",
+    "BulletChange",
+    "PromptDiff",
+    "UnknownVersion",
+    "VersionRecord",
+    "WindowProvenance",
+    "diff_versions",
+    "parse_provenance",
+    "provenance_entry",
+    "render_diff",
+]
+
+PROVENANCE_KEY = "provenance"
+"""The key of a published version's ``meta`` that lists the windows it covers (see :func:`provenance_entry`)."""
+
+
+class UnknownVersion(CombeeError):
+    """A version asked for is not among the published versions still retained; the message lists what is."""
+
+
+@dataclass(frozen=True)
+class WindowProvenance:
+    """The window that produced playbook version ``version`` and the traces it learned from (None: unknown)."""
+
+    version: int
+    window_id: str | None
+    trace_ids: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """One published version: its playbook, the window of its publish, and the windows it covers."""
+
+    version: int
+    playbook: Playbook
+    window_id: str | None = None
+    provenance: tuple[WindowProvenance, ...] = ()
+
+
+@dataclass(frozen=True)
+class BulletChange:
+    kind: Literal["added", "changed", "removed"]
+    bullet_id: str
+    section: str
+    before: str | None
+    after: str | None
+    taught_by: WindowProvenance
+
+
+@dataclass(frozen=True)
+class PromptDiff:
+    namespace: str
+    from_version: int
+    to_version: int
+    changes: tuple[BulletChange, ...]
+
+    def of_kind(self, kind: str) -> tuple[BulletChange, ...]:
+        return tuple(c for c in self.changes if c.kind == kind)
+
+
+def provenance_entry(version: int, window_id: str | None, trace_ids: Sequence[str]) -> dict[str, Any]:
+    """One window's entry of ``meta["provenance"]`` (JSON-ready)."""
+    return {"version": version, "window_id": window_id, "trace_ids": list(trace_ids)}
+
+
+def parse_provenance(meta: Mapping[str, Any] | None) -> tuple[WindowProvenance, ...]:
+    """The windows a published version's ``meta`` lists; malformed entries are skipped (never an error)."""
+    raw = (meta or {}).get(PROVENANCE_KEY)
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("version"), int):
+            continue
+        window = item.get("window_id")
+        ids = item.get("trace_ids")
+        out.append(
+            WindowProvenance(
+                version=item["version"],
+                window_id=window if isinstance(window, str) else None,
+                trace_ids=tuple(str(t) for t in ids) if isinstance(ids, list) else None,
+            )
+        )
+    return tuple(out)
+
+
+def diff_versions(records: Sequence[VersionRecord], from_version: int, to_version: int) -> PromptDiff:
+    """The bullets added, changed and removed from ``from_version`` to ``to_version``, each with its provenance.
+
+    ``records`` are the published versions the caller has (any order; those between the two versions are
+    used to find where a removed bullet went and the trace ids of each window). Changes come in the order of
+    the newer playbook (added, changed), then the removed ones in the order of the older one.
+    Raises UnknownVersion when either version is not in ``records``, ConfigError when ``from_version`` is newer
+    than ``to_version``.
+    """
+    by_version = {r.version: r for r in records}
+    for v in (from_version, to_version):
+        if v not in by_version:
+            have = sorted(by_version)
+            held = f"versions {have[0]}..{have[-1]} ({len(have)} retained)" if have else "no version"
+            raise UnknownVersion(f"version {v} is not published or no longer retained; there are {held}")
+    if from_version > to_version:
+        raise ConfigError(f"--from {from_version} is newer than --to {to_version}")
+    old, new = by_version[from_version].playbook, by_version[to_version].playbook
+    windows: dict[int, WindowProvenance] = {}
+    for r in sorted(records, key=lambda r: r.version):
+        windows.setdefault(r.version, WindowProvenance(r.version, r.window_id))
+        for p in r.provenance:
+            windows[p.version] = p
+
+    def taught(version: int, window_id: str | None) -> WindowProvenance:
+        known = windows.get(version)
+        if known is not None and (window_id is None or known.window_id in (None, window_id)):
+            return WindowProvenance(version, window_id or known.window_id, known.trace_ids)
+        return WindowProvenance(version, window_id)
+
+    before = {b.id: b for b in old.bullets}
+    after_ids = {b.id for b in new.bullets}
+    changes: list[BulletChange] = []
+    for b in new.bullets:
+        was = before.get(b.id)
+        if was is None:
+            changes.append(_change("added", b, None, b.content, taught(b.created.version, b.created.window_id)))
+        elif (was.content, was.section) != (b.content, b.section):
+            by = taught(b.updated.version, b.updated.window_id)
+            changes.append(_change("changed", b, was.content, b.content, by))
+    between = sorted((r for r in records if from_version < r.version <= to_version), key=lambda r: r.version)
+    for b in old.bullets:
+        if b.id in after_ids:
+            continue
+        gone_in = next((r for r in between if r.playbook.bullet(b.id) is None), by_version[to_version])
+        changes.append(_change("removed", b, b.content, None, taught(gone_in.version, gone_in.window_id)))
+    return PromptDiff(old.namespace, from_version, to_version, tuple(changes))
+
+
+def _change(
+    kind: Literal["added", "changed", "removed"], b: Bullet, before: str | None, after: str | None, by: WindowProvenance
+) -> BulletChange:
+    return BulletChange(kind, b.id, b.section, before, after, by)
+
+
+def render_diff(diff: PromptDiff) -> str:
+    """The diff as text: a summary line, then one block per bullet (``+`` added, ``~`` changed, ``-`` removed)."""
+    counts = ", ".join(f"{len(diff.of_kind(k))} {k}" for k in ("added", "changed", "removed"))
+    lines = [f"{diff.namespace}: v{diff.from_version} -> v{diff.to_version}: {counts}"]
+    mark = {"added": "+", "changed": "~", "removed": "-"}
+    for c in diff.changes:
+        lines.append(f"{mark[c.kind]} [{c.bullet_id}] ({c.section}) {c.after if c.kind == 'added' else c.before}")
+        if c.kind == "changed":
+            lines.append(f"    now: {c.after}")
+        verb = "removed by" if c.kind == "removed" else "taught by"
+        p = c.taught_by
+        traces = "not recorded" if p.trace_ids is None else f"{len(p.trace_ids)}: {', '.join(p.trace_ids) or '-'}"
+        lines.append(f"    {verb} window {p.window_id or '-'} (v{p.version}); traces {traces}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,155 @@
+"""combee.promptdiff: bullets added, changed and removed between two published versions, with provenance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from combee.errors import ConfigError
+from combee.models import Bullet, Playbook, Provenance
+from combee.promptdiff import (
+    PROVENANCE_KEY,
+    UnknownVersion,
+    VersionRecord,
+    WindowProvenance,
+    diff_versions,
+    parse_provenance,
+    provenance_entry,
+    render_diff,
+)
+from streams.redis_publisher import LatestVersionPublisher
+from streams.redis_records import parse_version_record
+
+
+def bullet(bid: str, content: str, created: tuple[str, int], updated: tuple[str, int] | None = None) -> Bullet:
+    c = Provenance(window_id=created[0], version=created[1])
+    u = Provenance(window_id=updated[0], version=updated[1]) if updated else c
+    return Bullet(id=bid, section="rules", content=content, created=c, updated=u)
+
+
+def record(version: int, window: str, bullets: list[Bullet], traces: list[str] | None = None) -> VersionRecord:
+    prov = (WindowProvenance(version, window, tuple(traces)),) if traces is not None else ()
+    return VersionRecord(version, Playbook(namespace="ns", version=version, bullets=tuple(bullets)), window, prov)
+
+
+A = bullet("b00001", "check the units", ("ns/p0/0-9", 1))
+B = bullet("b00002", "round at the end", ("ns/p0/0-9", 1))
+C = bullet("b00003", "quote the source", ("ns/p0/0-9", 1))
+B2 = bullet("b00002", "round only at the end", ("ns/p0/0-9", 1), ("ns/p0/10-19", 2))
+D = bullet("b00004", "state the period", ("ns/p0/10-19", 2))
+
+V1 = record(1, "ns/p0/0-9", [A, B, C], ["t0", "t1"])
+V2 = record(2, "ns/p0/10-19", [A, B2, D], ["t10", "t11", "t12"])
+
+
+def test_added_changed_and_removed_each_with_the_window_and_traces_that_taught_it() -> None:
+    diff = diff_versions([V1, V2], 1, 2)
+    assert [(c.kind, c.bullet_id) for c in diff.changes] == [
+        ("changed", "b00002"),
+        ("added", "b00004"),
+        ("removed", "b00003"),
+    ]
+    changed, added, removed = diff.changes
+    assert (changed.before, changed.after) == ("round at the end", "round only at the end")
+    assert added.after == "state the period" and removed.before == "quote the source"
+    for c in diff.changes:
+        assert c.taught_by == WindowProvenance(2, "ns/p0/10-19", ("t10", "t11", "t12"))
+    text = render_diff(diff)
+    assert text.splitlines()[0] == "ns: v1 -> v2: 1 added, 1 changed, 1 removed"
+    assert "+ [b00004] (rules) state the period" in text
+    assert "    taught by window ns/p0/10-19 (v2); traces 3: t10, t11, t12" in text
+    assert "- [b00003] (rules) quote the source" in text and "    removed by window ns/p0/10-19 (v2)" in text
+
+
+def test_identical_versions_have_no_changes_and_counters_alone_are_no_change() -> None:
+    assert diff_versions([V1], 1, 1).changes == ()
+    counted = record(2, "ns/p1/0-3", [A.model_copy(update={"helpful": 5}), B, C], ["x"])
+    assert diff_versions([V1, counted], 1, 2).changes == ()
+    assert render_diff(diff_versions([V1], 1, 1)) == "ns: v1 -> v1: 0 added, 0 changed, 0 removed\n"
+
+
+def test_across_several_versions_each_change_names_its_own_window() -> None:
+    E = bullet("b00005", "say when unsure", ("ns/p0/20-29", 3))
+    v3 = record(3, "ns/p0/20-29", [A, B2, E], ["t20"])  # D gone in v3, E new
+    diff = diff_versions([v3, V1, V2], 1, 3)
+    by_id = {c.bullet_id: c for c in diff.changes}
+    assert by_id["b00002"].taught_by.trace_ids == ("t10", "t11", "t12")  # changed in v2
+    assert by_id["b00005"].taught_by == WindowProvenance(3, "ns/p0/20-29", ("t20",))
+    assert by_id["b00003"].kind == "removed" and by_id["b00003"].taught_by.version == 2  # gone since v2
+    assert "b00004" not in by_id  # added in v2 and removed in v3: no net change
+
+
+def test_a_version_that_covers_superseded_ones_still_knows_their_windows() -> None:
+    # v2 was never published (v3 superseded it); v3's provenance lists both windows.
+    E = bullet("b00005", "say when unsure", ("ns/p0/20-29", 3))
+    v3 = VersionRecord(
+        3,
+        Playbook(namespace="ns", version=3, bullets=(A, B2, C, E)),
+        "ns/p0/20-29",
+        (WindowProvenance(2, "ns/p0/10-19", ("t10",)), WindowProvenance(3, "ns/p0/20-29", ("t20",))),
+    )
+    by_id = {c.bullet_id: c for c in diff_versions([V1, v3], 1, 3).changes}
+    assert by_id["b00002"].taught_by == WindowProvenance(2, "ns/p0/10-19", ("t10",))
+    assert by_id["b00005"].taught_by == WindowProvenance(3, "ns/p0/20-29", ("t20",))
+
+
+def test_unrecorded_trace_ids_are_said_so() -> None:
+    old = record(1, "ns/p0/0-9", [A])  # published before provenance was stored
+    new = record(2, "ns/p0/10-19", [A, D])
+    diff = diff_versions([old, new], 1, 2)
+    assert diff.changes[0].taught_by == WindowProvenance(2, "ns/p0/10-19", None)
+    assert "traces not recorded" in render_diff(diff)
+
+
+def test_an_unknown_version_is_a_clear_error() -> None:
+    with pytest.raises(
+        UnknownVersion, match=r"version 7 is not published or no longer retained; there are versions 1\.\.2"
+    ):
+        diff_versions([V1, V2], 1, 7)
+    with pytest.raises(UnknownVersion, match="no version"):
+        diff_versions([], 1, 2)
+    with pytest.raises(ConfigError, match="--from 2 is newer than --to 1"):
+        diff_versions([V1, V2], 2, 1)
+
+
+def test_provenance_round_trips_through_meta_and_the_redis_hash() -> None:
+    meta = {"bullets": 3, PROVENANCE_KEY: [provenance_entry(2, "ns/p0/10-19", ["t10"]), {"junk": 1}, "x"]}
+    assert parse_provenance(meta) == (WindowProvenance(2, "ns/p0/10-19", ("t10",)),)
+    assert parse_provenance({}) == () and parse_provenance({PROVENANCE_KEY: "no"}) == ()
+    values = ["2", V2.playbook.model_dump_json(), "ns/p0/10-19", json.dumps(meta)]
+    parsed = parse_version_record("ns", values)
+    assert parsed is not None and parsed.playbook == V2.playbook
+    assert parsed.provenance == (WindowProvenance(2, "ns/p0/10-19", ("t10",)),)
+    assert parse_version_record("ns", [None, None, None, None]) is None
+    legacy = parse_version_record("ns", ["2", V2.playbook.model_dump_json(), "", None])
+    assert legacy is not None and legacy.provenance == () and legacy.window_id is None
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.published: list[tuple[int, dict[str, Any] | None]] = []
+
+    async def publish(self, namespace: str, version: int, prompt: str, playbook_json: str, **kw: Any) -> bool:
+        self.published.append((version, kw.get("meta")))
+        return True
+
+
+def test_the_publisher_carries_superseded_windows_into_the_version_it_publishes() -> None:
+    async def run() -> list[tuple[int, dict[str, Any] | None]]:
+        store = _Store()
+        pub = LatestVersionPublisher(store)
+        for v in (1, 2, 3):
+            pub.offer(
+                "ns", v, "p", "{}", window_id=f"w{v}", meta={PROVENANCE_KEY: [provenance_entry(v, f"w{v}", [f"t{v}"])]}
+            )
+        await pub.run(until_idle=True)
+        return store.published
+
+    published = asyncio.run(run())
+    assert len(published) == 1 and published[0][0] == 3
+    meta = published[0][1]
+    assert meta is not None
+    assert [p.version for p in parse_provenance(meta)] == [1, 2, 3]
