@@ -11,6 +11,7 @@ from combee.engine import MethodConfig
 from combee.settings import Settings
 from combee.wiring import (
     build_llm,
+    build_metrics,
     build_near_duplicates,
     build_publisher,
     build_store,
@@ -40,6 +41,7 @@ def run_worker(
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     store = build_store(settings)
+    metrics = build_metrics(settings)
     app, _ = create_app(
         settings,
         roles=roles,
@@ -51,6 +53,7 @@ def run_worker(
         until_idle_s=until_idle_s,
         faust_kwargs=faust_security_kwargs(settings),
         consumer_kwargs=aiokafka_security_kwargs(settings),
+        metrics=metrics,
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
