@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from combee.embeddings import Embedder, NearDuplicates
 from combee.engine import Method, MethodConfig
+from combee.errors import ConfigError
 from combee.llm import Role
 from combee.metrics import LLMPrices, Metrics, NoMetrics
 from combee.playbook import ApplyPolicy
@@ -83,14 +84,21 @@ def build_metrics(settings: Settings) -> Metrics:
     """The worker's metrics: off (:class:`NoMetrics`, no port opened) unless ``metrics_port`` is set; then
     Prometheus, already answering ``GET /metrics`` on ``metrics_host:metrics_port``.
 
-    Raises OSError when the port is taken (two workers on one host need a port each).
+    Raises ConfigError when the address cannot be bound (the port taken: two workers on one host need a port
+    each).
     """
     if settings.metrics_port is None:
         return NoMetrics()
     from combee.metrics_prometheus import PrometheusMetrics
 
     metrics = PrometheusMetrics(llm_prices(settings))
-    metrics.serve(settings.metrics_port, settings.metrics_host)
+    try:
+        metrics.serve(settings.metrics_port, settings.metrics_host)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} ({exc.strerror or exc}); "
+            "set COMBEE_METRICS_PORT to a free port (each worker process needs its own) or unset it"
+        ) from None
     logging.getLogger("combee").info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
     return metrics
 

@@ -34,14 +34,14 @@ def run_worker(
 ) -> int:
     """Run a worker until it is stopped (SIGTERM/SIGINT) or, with ``until_idle_s``, until it is idle.
 
-    Creates missing topics and the state directory (Faust's datadir is under it) first. Returns the process
-    exit status.
+    Serves metrics (when ``metrics_port`` is set), creates missing topics and the state directory (Faust's
+    datadir is under it) first. Returns the process exit status.
     """
+    metrics = build_metrics(settings)  # first: a taken port fails before anything connects
     ensure_topics(settings, build_topics(settings))
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     store = build_store(settings)
-    metrics = build_metrics(settings)
     app, _ = create_app(
         settings,
         roles=roles,

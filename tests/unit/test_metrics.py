@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from combee.errors import ConfigError
 from combee.llm import Role
 from combee.meter import Meter, RoleStats
 from combee.metrics import LLMPrices, NoMetrics
@@ -165,6 +166,15 @@ def test_a_port_serves_the_registry_over_http() -> None:
         assert metrics.prices.per_1k_prompt == 1.0
     finally:
         metrics.close()
+
+
+def test_a_taken_port_is_a_one_line_configuration_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port}.*COMBEE_METRICS_PORT"):
+            build_metrics(Settings(metrics_port=port))
 
 
 def test_only_the_prometheus_module_imports_prometheus_client() -> None:
