@@ -43,11 +43,14 @@ class TopicMissing(CombeeError):
 
 
 class TraceError(CombeeError, ValueError):
-    """A trace record could not be decoded or validated; ``reason`` is a short, loggable explanation."""
+    """A trace record could not be decoded or validated; ``reason`` is a short, loggable explanation and
+    ``kind`` names the failure for counting (``empty``, ``oversized``, ``encoding``, ``json``, ``shape``,
+    ``invalid``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, kind: str = "invalid") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.kind = kind
 
 
 class LLMError(CombeeError):

@@ -105,6 +105,15 @@ class Settings(BaseSettings):
     worker_web_port: int = Field(default=6066, ge=0)
     state_dir: Path = Path("var/dev")
 
+    # --- operations (docs/operations.md) ---
+    # Prometheus metrics of a worker on http://<metrics_host>:<metrics_port>/metrics; unset: no metrics, no port.
+    # Every worker process on a host needs a port of its own.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
+    # Dollars per 1,000 tokens, for combee_llm_cost_usd_total and `combee learn`'s cost_usd; unset counts 0.
+    llm_price_per_1k_prompt: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    llm_price_per_1k_completion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
     def model_for(self, role: Role) -> str:
         specific = getattr(self, f"model_{role.value}")
         return specific or self.model

@@ -62,23 +62,23 @@ def parse_trace(raw: bytes | str, *, default_namespace: str | None = None) -> Tr
     """
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if len(data) > LIMITS.trace_bytes:
-        raise TraceError(f"trace is {len(data)} bytes, over the {LIMITS.trace_bytes}-byte limit")
+        raise TraceError(f"trace is {len(data)} bytes, over the {LIMITS.trace_bytes}-byte limit", "oversized")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TraceError(f"not valid UTF-8 (byte {exc.start})") from None
+        raise TraceError(f"not valid UTF-8 (byte {exc.start})", "encoding") from None
     if not _depth_ok(text):
-        raise TraceError(f"JSON nested deeper than {_MAX_DEPTH} levels")
+        raise TraceError(f"JSON nested deeper than {_MAX_DEPTH} levels", "json")
     try:
         obj: Any = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceError(f"not valid JSON: {exc.msg} at position {exc.pos}") from None
+        raise TraceError(f"not valid JSON: {exc.msg} at position {exc.pos}", "json") from None
     except RecursionError:
-        raise TraceError("JSON nested too deeply") from None
+        raise TraceError("JSON nested too deeply", "json") from None
     except ValueError as exc:  # e.g. an integer over Python's 4300-digit conversion limit
-        raise TraceError(f"not valid JSON: {str(exc)[:120]}") from None
+        raise TraceError(f"not valid JSON: {str(exc)[:120]}", "json") from None
     if not isinstance(obj, dict):
-        raise TraceError(f"a trace must be a JSON object, got {type(obj).__name__}")
+        raise TraceError(f"a trace must be a JSON object, got {type(obj).__name__}", "shape")
     if "trace_id" not in obj:
         obj["trace_id"] = "h-" + hashlib.sha256(data).hexdigest()[:24]
     if "namespace" not in obj and default_namespace is not None:

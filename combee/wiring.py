@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from combee.embeddings import Embedder, NearDuplicates
 from combee.engine import Method, MethodConfig
+from combee.errors import ConfigError
 from combee.llm import Role
+from combee.metrics import LLMPrices, Metrics, NoMetrics
 from combee.playbook import ApplyPolicy
 from combee.settings import Settings
 from streams.topics import Topics
@@ -27,10 +29,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_llm",
+    "build_metrics",
     "build_near_duplicates",
     "build_publisher",
     "build_store",
     "build_topics",
+    "llm_prices",
     "method_config",
     "simulator_llm",
 ]
@@ -55,6 +59,8 @@ def build_llm(settings: Settings) -> OpenAILLM | RoleRouter:
                 cache_dir=settings.cache_dir,
                 context_tokens=settings.llm_context_tokens,
                 reasoning_models=settings.llm_reasoning_models,
+                price_per_1k_prompt=settings.llm_price_per_1k_prompt,
+                price_per_1k_completion=settings.llm_price_per_1k_completion,
             )
         )
 
@@ -67,6 +73,34 @@ def build_llm(settings: Settings) -> OpenAILLM | RoleRouter:
         if url not in by_url:
             by_url[url] = endpoint(url)
     return RoleRouter(default, {role: by_url[url] for role, url in urls.items()})
+
+
+def llm_prices(settings: Settings) -> LLMPrices:
+    """The LLM prices the settings give (unset: zero)."""
+    return LLMPrices(settings.llm_price_per_1k_prompt, settings.llm_price_per_1k_completion)
+
+
+def build_metrics(settings: Settings) -> Metrics:
+    """The worker's metrics: off (:class:`NoMetrics`, no port opened) unless ``metrics_port`` is set; then
+    Prometheus, already answering ``GET /metrics`` on ``metrics_host:metrics_port``.
+
+    Raises ConfigError when the address cannot be bound (the port taken: two workers on one host need a port
+    each).
+    """
+    if settings.metrics_port is None:
+        return NoMetrics()
+    from combee.metrics_prometheus import PrometheusMetrics
+
+    metrics = PrometheusMetrics(llm_prices(settings))
+    try:
+        metrics.serve(settings.metrics_port, settings.metrics_host)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} ({exc.strerror or exc}); "
+            "set COMBEE_METRICS_PORT to a free port (each worker process needs its own) or unset it"
+        ) from None
+    logging.getLogger("combee").info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+    return metrics
 
 
 def simulator_llm(base_url: str, *, max_concurrency: int, timeout_s: float) -> OpenAILLM:

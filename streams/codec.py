@@ -28,9 +28,12 @@ _PREVIEW_BYTES = 1024
 
 
 class CodecError(CombeeError, ValueError):
-    def __init__(self, reason: str) -> None:
+    """A record could not be decoded; ``reason`` explains, ``kind`` names the failure for counting."""
+
+    def __init__(self, reason: str, kind: str = "invalid") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.kind = kind
 
 
 def encode(envelope: Envelope) -> bytes:
@@ -66,7 +69,7 @@ def decode(raw: bytes) -> Envelope:
 def decode_trace(raw: bytes | None, key: bytes | None = None) -> Trace:
     """A trace record from the traces topic; the key (namespace) fills a missing namespace field."""
     if raw is None:
-        raise CodecError("empty record (null value)")
+        raise CodecError("empty record (null value)", "empty")
     namespace = None
     if key:
         try:
@@ -76,7 +79,7 @@ def decode_trace(raw: bytes | None, key: bytes | None = None) -> Trace:
     try:
         return parse_trace(raw, default_namespace=namespace)
     except TraceError as exc:
-        raise CodecError(exc.reason) from None
+        raise CodecError(exc.reason, exc.kind) from None
 
 
 def preview(raw: bytes | None) -> str:

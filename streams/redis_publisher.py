@@ -97,7 +97,9 @@ class LatestVersionPublisher:
     loading, read-only, ...) keeps the version pending — unless a newer one arrived meanwhile — and sleeps a
     capped exponential backoff with jitter: ``d = min(cap, base * 2**(n-1))`` after the n-th consecutive
     failure, slept as a uniform draw from ``[d/2, d]``. Any other error drops that offer (counted, logged) so a
-    bad version cannot wedge the loop. ``sleep`` and ``rng`` are injectable for tests.
+    bad version cannot wedge the loop. ``sleep`` and ``rng`` are injectable for tests. ``on_published``, if set,
+    is called with (namespace, version) each time the store holds a version after a publish (written now, or
+    refused because it already held it or a newer one); an exception it raises is logged, never propagated.
 
     Not thread-safe: call ``offer()`` from the event loop that runs :meth:`run`.
     """
@@ -111,6 +113,7 @@ class LatestVersionPublisher:
         backoff_base_s: float = 0.2,
         backoff_cap_s: float = 30.0,
         secrets: Iterable[str] = (),
+        on_published: Callable[[str, int], None] | None = None,
     ) -> None:
         if backoff_base_s <= 0 or backoff_cap_s < backoff_base_s:
             raise ValueError("need 0 < backoff_base_s <= backoff_cap_s")
@@ -134,6 +137,7 @@ class LatestVersionPublisher:
         self.failures = 0
         self.dropped = 0
         self.last_error: str | None = None
+        self.on_published = on_published
 
     # -- producer side ----------------------------------------------------------------------------------------
 
@@ -259,6 +263,11 @@ class LatestVersionPublisher:
             self.published += 1
         else:
             self.skipped_not_newer += 1
+        if self.on_published is not None:
+            try:
+                self.on_published(offer.namespace, offer.version)
+            except Exception:  # a listener's bug must not stop publishing
+                log.exception("on_published listener failed for %r v%d", offer.namespace, offer.version)
         stale = self._pending.get(offer.namespace)
         if stale is not None and stale.version <= offer.version:
             del self._pending[offer.namespace]

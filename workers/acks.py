@@ -100,6 +100,14 @@ class OrderedAcks:
     def pending(self) -> int:
         return len(self._by_key)
 
+    def next_unfinished(self, topic: str, partition: int) -> int | None:
+        """The first offset of the partition not yet done (None: no event of it seen since its assignment)."""
+        queue = self._queues.get((topic, partition))
+        if queue:
+            return queue[0].offset
+        last = self._last_seen.get((topic, partition))
+        return None if last is None else last + 1
+
     def forget(self, topic: str, partition: int) -> None:
         """Drop everything of a revoked partition (its new owner re-reads it from the last commit)."""
         self._last_seen.pop((topic, partition), None)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import faust
 
 from combee.llm import LLM
+from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
 from streams.codec import decode
@@ -27,6 +28,7 @@ from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
 from workers.mapper import handle_window
+from workers.observe import lag_reporter, publish_listener
 from workers.state import ChangelogTable, KafkaIO
 from workers.status import idle, republish_if_lost, status_of
 from workers.window import closer_loop, handle_trace
@@ -85,8 +87,13 @@ def create_app(
     faust_kwargs: dict[str, Any] | None = None,
     consumer_kwargs: dict[str, Any] | None = None,
     dedup: NearDuplicates | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[faust.App, StageContext]:
-    """Build the app and the stages' shared context (nothing connects until the worker starts)."""
+    """Build the app and the stages' shared context (nothing connects until the worker starts).
+
+    ``metrics`` (None: off) receives the stages' reports, the versions the publisher sees in Redis and, every
+    few seconds, the consumer lag of the assigned partitions.
+    """
     roles = set(roles)
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
     app = faust.App(
@@ -141,7 +148,9 @@ def create_app(
         store=store,
         map_table=ChangelogTable(io, topics.mapstate, topics.partitions, _map_state_decode, _map_state_encode),
         snapshots=ChangelogTable(io, topics.playbooks, topics.partitions, _snapshot_decode, _snapshot_encode),
+        metrics=metrics or NoMetrics(),
     )
+    publisher.on_published = publish_listener(ctx)
 
     def topic(name: str) -> Any:
         return app.topic(name, key_serializer="raw", value_serializer="raw", internal=False)
@@ -197,6 +206,10 @@ def create_app(
     @app.task
     async def prompt_publisher() -> None:
         await publisher.run()
+
+    @app.task
+    async def lag_metrics() -> None:
+        await lag_reporter(ctx, lambda: app.consumer)
 
     if until_idle_s is not None:
 

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from combee.engine import fold_delta_ops, merge
+from combee.llm import Role
 from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
@@ -120,7 +121,9 @@ async def _merge(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, node: R
         outcome = await ctx.retrying(
             f"merge {w.window_id}/{node.level}.{node.index}",
             lambda: merge(node.inputs, base, ctx.llm, meter=meter, attempts=attempts, dedup=ctx.dedup),
+            Role.MERGER,
         )
+        ctx.metrics.llm_usage(meter)
         ops = outcome.value or ()
         log.info("merge %s/%d.%d done", w.window_id, node.level, node.index)
         role = meter.roles.get("merger")
@@ -211,6 +214,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         epoch=rt.tenure.epoch,
         trace_ids=plan.trace_ids,
     )
+    rt.applied_version(playbook.version, plan.closed_at)  # before the offer: Redis may take it at once
     if not await commit(ctx, rt, record, playbook, plan.seq + 1, plan.source):
         return False
     for e in w.events:
@@ -219,6 +223,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     rt.by_seq.pop(plan.seq, None)
     rt.windows_applied += 1
     rt.last_applied_at = time.time()
+    ctx.metrics.window_applied(rt.namespace, record.applied_at - plan.closed_at)
     closed = rt.closed_at.pop(w.window_id, None)
     if closed is not None:
         rt.controller.observe(plan.trace_count, time.monotonic() - closed)

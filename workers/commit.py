@@ -72,6 +72,7 @@ async def commit(
     tenure.logged(offset, rt.namespace)
     if not await tenure.check(ctx.io, ctx.topics.deltas, offset):
         ctx.fenced_writes += 1
+        ctx.metrics.fenced_write(rt.namespace)
         log.warning(
             "fenced: %s v%d logged at %s[%d]@%d under epoch %d, after the claim at %d by %s; not snapshotted, "
             "not published, not acked (fenced writes: %d)",
@@ -137,6 +138,7 @@ async def _remember(
         if checkpoint and position is not None:
             await ctx.snapshots.put_raw(tenure.partition, CHECKPOINT, encode_checkpoint(position))
     rt.playbooks[playbook.version] = playbook
+    ctx.metrics.playbook_size(rt.namespace, len(playbook.bullets))
     for v in sorted(rt.playbooks)[:-KEEP_VERSIONS]:
         del rt.playbooks[v]
     ctx.publisher.offer(
@@ -188,6 +190,7 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
         await ctx.snapshots.put_raw(partition, CHECKPOINT, encode_checkpoint(Position(epoch, epoch)))
         for snap in tenure.snapshots.values():  # make sure Redis has the newest version (CAS: no-op if so)
             pb = snap.playbook
+            ctx.metrics.playbook_size(pb.namespace, len(pb.bullets))
             if pb.version > 0:
                 ctx.publisher.offer(
                     pb.namespace, pb.version, render_prompt(pb), pb.model_dump_json(), window_id=None, meta={}

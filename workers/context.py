@@ -17,7 +17,8 @@ from combee.controller import BatchSizeController
 from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
-from combee.llm import LLM
+from combee.llm import LLM, Role
+from combee.metrics import Metrics, NoMetrics
 from combee.windowing import MapState, WindowPolicy
 from streams.codec import dead_letter, encode
 from streams.envelopes import Envelope, Snapshot
@@ -82,6 +83,7 @@ class StageContext:
     owner: str = field(default_factory=process_id)
     tenures: dict[int, Tenure] = field(default_factory=dict)  # the combiner's current claim per partition
     fenced_writes: int = 0  # delta records this process logged after another owner's claim (refused)
+    metrics: Metrics = field(default_factory=NoMetrics)
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""
@@ -167,11 +169,12 @@ class StageContext:
         await self.io.send(self.topics.deadletter, message.key or b"", encode(record), 0)
         log.warning("dead-lettered %s[%d]@%d (%s): %s", message.topic, message.partition, message.offset, stage, reason)
 
-    async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def retrying(self, what: str, call: Callable[[], Awaitable[T]], role: Role | None = None) -> T:
         """Run an LLM-bound step until it succeeds: an endpoint outage makes work wait, never drop.
 
         LLMUnavailable / LLMRateLimited back off exponentially (with jitter, capped at ``retry_max_s``, at least
-        the server's Retry-After hint) and try again; any other exception propagates.
+        the server's Retry-After hint) and try again (each failure counted for ``role``); any other exception
+        propagates.
         """
         attempt = 0
         while True:
@@ -179,6 +182,8 @@ class StageContext:
                 return await call()
             except (LLMUnavailable, LLMRateLimited) as exc:
                 attempt += 1
+                if role is not None:
+                    self.metrics.llm_unavailable(role)
                 hint = getattr(exc, "retry_after_s", None) or 0.0
                 delay = max(hint, self.rng.uniform(0, min(self.config.retry_max_s, 0.5 * 2**attempt)))
                 log.warning("%s: LLM endpoint unavailable (%s); retrying in %.1fs", what, exc, delay)

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from combee.engine import curate
+from combee.llm import Role
 from combee.meter import Meter
 from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, Partial
@@ -73,7 +74,9 @@ async def _curate_one(ctx: StageContext, task: GroupTask) -> None:
         lambda: curate(
             task.reflections, task.playbook, ctx.llm, meter=meter, attempts=ctx.config.method.parse_attempts
         ),
+        Role.CURATOR,
     )
+    ctx.metrics.llm_usage(meter)
     await _send_partial(ctx, task, outcome.value, outcome.service_s, meter)
 
 

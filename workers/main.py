@@ -11,6 +11,7 @@ from combee.engine import MethodConfig
 from combee.settings import Settings
 from combee.wiring import (
     build_llm,
+    build_metrics,
     build_near_duplicates,
     build_publisher,
     build_store,
@@ -33,9 +34,10 @@ def run_worker(
 ) -> int:
     """Run a worker until it is stopped (SIGTERM/SIGINT) or, with ``until_idle_s``, until it is idle.
 
-    Creates missing topics and the state directory (Faust's datadir is under it) first. Returns the process
-    exit status.
+    Serves metrics (when ``metrics_port`` is set), creates missing topics and the state directory (Faust's
+    datadir is under it) first. Returns the process exit status.
     """
+    metrics = build_metrics(settings)  # first: a taken port fails before anything connects
     ensure_topics(settings, build_topics(settings))
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
@@ -51,6 +53,7 @@ def run_worker(
         until_idle_s=until_idle_s,
         faust_kwargs=faust_security_kwargs(settings),
         consumer_kwargs=aiokafka_security_kwargs(settings),
+        metrics=metrics,
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)

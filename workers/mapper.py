@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from combee.engine import reflect
+from combee.llm import Role
 from combee.meter import Meter
 from combee.models import Playbook
 from combee.playbook import count_tags
@@ -45,6 +46,7 @@ async def handle_window(ctx: StageContext, stream: Any, event: Any) -> None:
     await ctx.snapshots.recover(msg.partition)
     state = ctx.map_table.get(env.namespace) or MapState()
     acc = accept_window(state, env)
+    _count_traces(ctx, env, acc)
     if acc.duplicate:
         # Every offered window releases the slot its closing took, the dropped ones too: a slot kept here
         # would stall the namespace (close_size refuses while max_inflight windows are in flight).
@@ -61,6 +63,17 @@ async def handle_window(ctx: StageContext, stream: Any, event: Any) -> None:
     rt.map_queue.put_nowait((acc, env, event))
     if rt.mapper is None or rt.mapper.done():
         rt.mapper = ctx.spawn(_mapper(ctx, rt))  # type: ignore[assignment]
+
+
+def _count_traces(ctx: StageContext, env: WindowEnvelope, acc: Acceptance) -> None:
+    """Accepted: traces windowed for the first time. Duplicate: traces windowed before (a redelivered window,
+    or a re-formed one overlapping an accepted one), whether stripped or mapped again."""
+    if acc.duplicate or acc.replayed:
+        ctx.metrics.trace_duplicate(env.namespace, len(env.traces))
+        return
+    ctx.metrics.trace_accepted(env.namespace, len(acc.traces))
+    if acc.stripped:
+        ctx.metrics.trace_duplicate(env.namespace, acc.stripped)
 
 
 def accept_window(state: MapState, env: WindowEnvelope) -> Acceptance:
@@ -143,7 +156,8 @@ async def _map_one(
         reflections: list[Any] = []
         meter, map_s = Meter(), 0.0
     else:
-        reflections, meter, map_s = await ctx.retrying(f"map {acc.window_id}", reflect_all)
+        reflections, meter, map_s = await ctx.retrying(f"map {acc.window_id}", reflect_all, Role.REFLECTOR)
+        ctx.metrics.llm_usage(meter)
     plan = method.plan(len(reflections), env.seed_key) if reflections else None
     groups = plan.groups.groups if plan else ()
     for index, members in enumerate(groups):
@@ -178,6 +192,7 @@ async def _map_one(
         trace_ids=tuple(t.trace_id for t in acc.traces),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)
+    ctx.metrics.window_mapped(rt.namespace, window_plan.mapped_at - env.closed_at)
     log.info(
         "mapped window %s (seq %d, v%d): %d reflections -> %d groups in %.2fs (%.2fs after closing; slowest "
         "reflection %.2fs)",

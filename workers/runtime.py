@@ -69,6 +69,9 @@ class NamespaceRuntime:
     applied: asyncio.Condition = field(default_factory=asyncio.Condition)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed_at: dict[str, float] = field(default_factory=dict)
+    # versions applied here and not yet seen in Redis -> their window's closing time (wall clock), for the
+    # closed-to-published latency
+    unpublished: dict[int, float] = field(default_factory=dict)
     # counters (status)
     traces_seen: int = 0
     dead_lettered: int = 0
@@ -89,6 +92,20 @@ class NamespaceRuntime:
         closed = self.closed_at.pop(offered_id, None)
         if closed is not None and kept_id is not None:
             self.closed_at[kept_id] = closed
+
+    def applied_version(self, version: int, closed_at: float, keep: int = 64) -> None:
+        """Version ``version`` was applied from a window closed at ``closed_at`` (wall clock)."""
+        self.unpublished[version] = closed_at
+        for old in sorted(self.unpublished)[:-keep]:
+            del self.unpublished[old]
+
+    def published(self, version: int) -> float | None:
+        """Redis holds ``version``: forget it and every older version; returns its window's closing time when
+        it was applied here (None for a version applied elsewhere, or superseded before it was published)."""
+        closed = self.unpublished.get(version)
+        for v in [v for v in self.unpublished if v <= version]:
+            del self.unpublished[v]
+        return closed
 
     def buffered(self) -> int:
         return sum(len(b) for b in self.buffers.values())

@@ -12,6 +12,8 @@ import logging
 import time
 from typing import Any
 
+from combee.errors import InvalidNamespace
+from combee.models import validate_namespace
 from combee.plan import window_id
 from combee.windowing import close_size
 from streams.codec import CodecError, decode_trace
@@ -19,7 +21,7 @@ from streams.envelopes import WindowEnvelope
 from workers.context import StageContext
 from workers.runtime import Buffered, NamespaceRuntime
 
-__all__ = ["close_due_windows", "closer_loop", "handle_trace"]
+__all__ = ["close_due_windows", "closer_loop", "handle_trace", "namespace_label"]
 
 log = logging.getLogger("combee.worker.window")
 
@@ -33,6 +35,7 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         trace = decode_trace(msg.value, msg.key)
     except CodecError as exc:
         await ctx.dead_letter("window", exc.reason, msg)
+        ctx.metrics.trace_dead_lettered(namespace_label(msg.key), exc.kind)
         await ctx.acks.done(event)
         return
     rt = ctx.runtime(trace.namespace)
@@ -56,9 +59,19 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
 def _target(ctx: StageContext, rt: NamespaceRuntime) -> int:
     trial = rt.controller.next_trial()
     if trial is not None:
+        ctx.metrics.batch_size(rt.namespace, trial)
         return trial  # profiling: the first windows are trial iterations at the candidate sizes (real steps)
     rt.decision = rt.controller.decide(arrival_rate=rt.arrival_rate())
+    ctx.metrics.batch_size(rt.namespace, rt.decision.batch_size)
     return rt.decision.batch_size
+
+
+def namespace_label(key: bytes | None) -> str:
+    """The namespace a dead-lettered record's key names, or "" when it names none (a metrics label)."""
+    try:
+        return validate_namespace(key.decode("utf-8")) if key else ""
+    except (UnicodeDecodeError, InvalidNamespace):
+        return ""
 
 
 def in_flight(ctx: StageContext, rt: NamespaceRuntime) -> int:
@@ -124,6 +137,7 @@ async def _close(
         rt.window_seen(wid, None)
         raise
     rt.windows_closed += 1
+    ctx.metrics.window_closed(rt.namespace)
     for b in items:
         await ctx.acks.done(b.event)
     log.info("closed window %s: %d traces (%s)", wid, len(items), why)

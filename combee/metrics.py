@@ -1,0 +1,116 @@
+"""The metrics port: what a worker reports about its work, as plain values (docs/operations.md).
+
+The stages call a :class:`Metrics` at the points where work is done (a trace accepted, a window applied, a
+version published) and never know where the numbers go. :class:`NoMetrics` (metrics off, the default) does
+nothing; the Prometheus implementation is :class:`combee.metrics_prometheus.PrometheusMetrics`, built by the
+composition root (:func:`combee.wiring.build_metrics`). Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from combee.llm import Role
+from combee.meter import Meter
+
+__all__ = ["LLMPrices", "Metrics", "NoMetrics"]
+
+
+@dataclass(frozen=True)
+class LLMPrices:
+    """Dollars per 1,000 prompt / completion tokens; an unset price counts as zero."""
+
+    per_1k_prompt: float | None = None
+    per_1k_completion: float | None = None
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        prompt = (self.per_1k_prompt or 0.0) * prompt_tokens / 1000.0
+        completion = (self.per_1k_completion or 0.0) * completion_tokens / 1000.0
+        return prompt + completion
+
+
+class Metrics(Protocol):
+    """What the workers report. Every method returns at once and never raises for a value it is given.
+
+    Latencies are seconds since the window was closed (``closed_at`` of its envelope, wall clock).
+    """
+
+    def trace_accepted(self, namespace: str, n: int = 1) -> None:
+        """``n`` traces of ``namespace`` accepted by the map stage (first delivery of their window)."""
+
+    def trace_duplicate(self, namespace: str, n: int = 1) -> None:
+        """``n`` traces dropped or re-mapped because they were windowed before (a redelivery)."""
+
+    def trace_dead_lettered(self, namespace: str, reason: str) -> None:
+        """A trace record dead-lettered; ``reason`` is a short kind (``json``, ``invalid``, ...), not a message."""
+
+    def window_closed(self, namespace: str) -> None: ...
+
+    def window_mapped(self, namespace: str, since_closed_s: float) -> None: ...
+
+    def window_applied(self, namespace: str, since_closed_s: float) -> None: ...
+
+    def playbook_size(self, namespace: str, bullets: int) -> None:
+        """The playbook this worker holds for ``namespace`` has ``bullets`` bullets (after a commit or recovery)."""
+
+    def prompt_published(self, namespace: str, version: int, since_closed_s: float | None) -> None:
+        """Redis holds ``version`` of ``namespace`` (written now, or found there already)."""
+
+    def batch_size(self, namespace: str, size: int) -> None:
+        """The window size the controller chose (or is trying) for ``namespace``."""
+
+    def consumer_lag(self, topic: str, partition: int, lag: int | None) -> None:
+        """Records of ``topic``/``partition`` not yet processed; None: the partition is no longer this worker's."""
+
+    def llm_usage(self, meter: Meter) -> None:
+        """Fold one step's accounting (calls, tokens, parse failures, repairs per role) into the totals."""
+
+    def llm_unavailable(self, role: Role) -> None:
+        """A step of ``role`` failed on an LLM outage or rate limit (after the client's retries); it waits."""
+
+    def fenced_write(self, namespace: str) -> None:
+        """A delta record logged after another owner's claim, refused (a zombie combiner's write)."""
+
+
+class NoMetrics:
+    """Metrics off: every report is dropped."""
+
+    def trace_accepted(self, namespace: str, n: int = 1) -> None:
+        pass
+
+    def trace_duplicate(self, namespace: str, n: int = 1) -> None:
+        pass
+
+    def trace_dead_lettered(self, namespace: str, reason: str) -> None:
+        pass
+
+    def window_closed(self, namespace: str) -> None:
+        pass
+
+    def window_mapped(self, namespace: str, since_closed_s: float) -> None:
+        pass
+
+    def window_applied(self, namespace: str, since_closed_s: float) -> None:
+        pass
+
+    def playbook_size(self, namespace: str, bullets: int) -> None:
+        pass
+
+    def prompt_published(self, namespace: str, version: int, since_closed_s: float | None) -> None:
+        pass
+
+    def batch_size(self, namespace: str, size: int) -> None:
+        pass
+
+    def consumer_lag(self, topic: str, partition: int, lag: int | None) -> None:
+        pass
+
+    def llm_usage(self, meter: Meter) -> None:
+        pass
+
+    def llm_unavailable(self, role: Role) -> None:
+        pass
+
+    def fenced_write(self, namespace: str) -> None:
+        pass

@@ -1,0 +1,203 @@
+"""The metrics port on Prometheus (``prometheus-client``): the registry, every family, and its HTTP endpoint.
+
+One :class:`PrometheusMetrics` per worker process owns a registry of its own (nothing global, so tests and
+several instances never collide). :data:`FAMILIES` names every family it exports — the contract with
+``deploy/prometheus.yml`` and the dashboard in ``deploy/grafana/`` (tests/unit/test_metrics.py checks every
+panel's query against it). Counters are exported with the ``_total`` suffix, histograms as ``_bucket``,
+``_sum`` and ``_count``. docs/operations.md describes each family.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import start_http_server
+
+from combee.llm import Role
+from combee.meter import Meter
+from combee.metrics import LLMPrices
+
+__all__ = ["FAMILIES", "LATENCY_BUCKETS_S", "PrometheusMetrics"]
+
+# From a simulated run (tenths of a second) to a real model's large windows (tens of minutes).
+LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+
+class PrometheusMetrics:
+    """:class:`combee.metrics.Metrics` on a private Prometheus registry; :meth:`serve` exposes it over HTTP."""
+
+    def __init__(self, prices: LLMPrices | None = None) -> None:
+        self.prices = prices or LLMPrices()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._traces = Counter(
+            "combee_traces",
+            "Trace records by outcome: accepted (by the map stage), duplicate (windowed before), dead_lettered "
+            "(with the reason's kind).",
+            ["namespace", "outcome", "reason"],
+            registry=r,
+        )
+        self._windows = Counter(
+            "combee_windows", "Windows by stage reached: closed, mapped, applied.", ["namespace", "stage"], registry=r
+        )
+        self._version = Gauge(
+            "combee_prompt_version", "The newest prompt version this worker saw Redis hold.", ["namespace"], registry=r
+        )
+        self._bullets = Gauge(
+            "combee_playbook_bullets", "Bullets of the playbook this worker holds.", ["namespace"], registry=r
+        )
+        self._lag = Gauge(
+            "combee_consumer_lag",
+            "Records of an assigned partition not yet processed (end offset minus the first unfinished offset).",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self._latency = Histogram(
+            "combee_window_latency_seconds",
+            "Seconds from a window's closing to a step: mapped, applied, published (to Redis).",
+            ["namespace", "step"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self._batch = Gauge(
+            "combee_batch_size", "The window size the controller chose (or is trying).", ["namespace"], registry=r
+        )
+        self._fenced = Counter(
+            "combee_fenced_writes",
+            "Delta records refused because another owner claimed the partition first (zombie writes).",
+            ["namespace"],
+            registry=r,
+        )
+        self._llm_calls = Counter(
+            "combee_llm_calls",
+            "LLM answers by role and outcome: ok (parsed), unparsable; unavailable counts steps that failed on "
+            "an outage or rate limit after the client's retries.",
+            ["role", "outcome"],
+            registry=r,
+        )
+        self._llm_tokens = Counter(
+            "combee_llm_tokens",
+            "LLM tokens by role and kind: prompt, completion, cached_prompt.",
+            ["role", "kind"],
+            registry=r,
+        )
+        self._llm_cost = Counter(
+            "combee_llm_cost_usd", "Dollars at COMBEE_LLM_PRICE_PER_1K_* (0 when unset).", ["role"], registry=r
+        )
+        self._parse_failures = Counter(
+            "combee_llm_parse_failures", "Answers that did not parse, by role and kind.", ["role", "kind"], registry=r
+        )
+        self._repairs = Counter(
+            "combee_llm_repairs", "Re-asks that carried the parser's error back to the model.", ["role"], registry=r
+        )
+        self._gave_up = Counter(
+            "combee_llm_gave_up",
+            "Calls whose every answer failed to parse (that item was skipped).",
+            ["role"],
+            registry=r,
+        )
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # --- the port ------------------------------------------------------------------------------------------
+
+    def trace_accepted(self, namespace: str, n: int = 1) -> None:
+        self._traces.labels(namespace, "accepted", "").inc(n)
+
+    def trace_duplicate(self, namespace: str, n: int = 1) -> None:
+        self._traces.labels(namespace, "duplicate", "").inc(n)
+
+    def trace_dead_lettered(self, namespace: str, reason: str) -> None:
+        self._traces.labels(namespace, "dead_lettered", reason).inc()
+
+    def window_closed(self, namespace: str) -> None:
+        self._windows.labels(namespace, "closed").inc()
+
+    def window_mapped(self, namespace: str, since_closed_s: float) -> None:
+        self._windows.labels(namespace, "mapped").inc()
+        self._latency.labels(namespace, "mapped").observe(max(0.0, since_closed_s))
+
+    def window_applied(self, namespace: str, since_closed_s: float) -> None:
+        self._windows.labels(namespace, "applied").inc()
+        self._latency.labels(namespace, "applied").observe(max(0.0, since_closed_s))
+
+    def playbook_size(self, namespace: str, bullets: int) -> None:
+        self._bullets.labels(namespace).set(bullets)
+
+    def prompt_published(self, namespace: str, version: int, since_closed_s: float | None) -> None:
+        self._version.labels(namespace).set(version)
+        if since_closed_s is not None:
+            self._latency.labels(namespace, "published").observe(max(0.0, since_closed_s))
+
+    def batch_size(self, namespace: str, size: int) -> None:
+        self._batch.labels(namespace).set(size)
+
+    def consumer_lag(self, topic: str, partition: int, lag: int | None) -> None:
+        if lag is None:
+            with contextlib.suppress(KeyError):  # never reported
+                self._lag.remove(topic, str(partition))
+            return
+        self._lag.labels(topic, str(partition)).set(max(0, lag))
+
+    def llm_usage(self, meter: Meter) -> None:
+        for role, s in sorted(meter.roles.items()):
+            ok = s.calls - s.parse_failures
+            if ok > 0:
+                self._llm_calls.labels(role, "ok").inc(ok)
+            if s.parse_failures:
+                self._llm_calls.labels(role, "unparsable").inc(s.parse_failures)
+            for kind, n in (
+                ("prompt", s.prompt_tokens),
+                ("completion", s.completion_tokens),
+                ("cached_prompt", s.cached_prompt_tokens),
+            ):
+                if n:
+                    self._llm_tokens.labels(role, kind).inc(n)
+            cost = self.prices.cost_usd(s.prompt_tokens, s.completion_tokens)
+            self._llm_cost.labels(role).inc(cost)
+            for kind, n in sorted(s.failure_kinds.items()):
+                self._parse_failures.labels(role, kind).inc(n)
+            if s.repairs:
+                self._repairs.labels(role).inc(s.repairs)
+            if s.gave_up:
+                self._gave_up.labels(role).inc(s.gave_up)
+
+    def llm_unavailable(self, role: Role) -> None:
+        self._llm_calls.labels(role.value, "unavailable").inc()
+
+    def fenced_write(self, namespace: str) -> None:
+        self._fenced.labels(namespace).inc()
+
+    # --- exposition ----------------------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The text exposition format, as ``GET /metrics`` answers."""
+        return generate_latest(self.registry)
+
+    def families(self) -> set[str]:
+        """The names of the families the registry exports (without sample suffixes)."""
+        return {family.name for family in self.registry.collect()}
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Answer ``GET /metrics`` on ``host:port`` from a daemon thread; returns the port bound (0: a free one).
+
+        Raises OSError when the port is taken.
+        """
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        bound: int = self._server.server_port
+        return bound
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+# Every family exported, as the registry names them (a counter's samples add ``_total``).
+FAMILIES = frozenset(PrometheusMetrics().families())
