@@ -36,6 +36,7 @@ __all__ = ["add_task_command", "configure_parser", "display_url", "probe_models"
 LOCAL_BASE_URL = "http://127.0.0.1:8090/v1"
 LOCAL_MODEL = "local"
 FULL = (60, 100)  # the issue's acceptance size: >= 60 training traces, >= 100 test questions
+TIMINGS = "timings.json"  # in --out: each phase's figures from the run in which the model (not the cache) answered it
 QUICK = (4, 5)  # ~9 min on the local 1.5B model on 2 cores, from the per-question costs in docs/benchmarks.md
 METHODS = ("sequential", "naive", "combee")
 
@@ -128,6 +129,33 @@ def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[st
             for m in methods}  # fmt: skip
 
 
+def _timing_journal(out: Path, enabled: bool) -> tuple[dict[str, Any], Any]:
+    """The timings of earlier runs into ``out`` (phase -> (figures, when measured)) and the callback that records
+    every phase this run times afresh (no answer from the cache), so a resumed run reports model timings for
+    the phases it replays from the cache (:func:`combee.tasks.run.with_timing`)."""
+    from combee.tasks.run import PhaseStats
+
+    path = out / TIMINGS
+    journal: dict[str, Any] = {}
+    if enabled and path.exists():
+        try:
+            journal = json.loads(path.read_text())
+        except ValueError as exc:
+            raise CliError(f"{path} is not valid JSON ({exc}); delete it to time every phase again", code=2) from None
+    timed = {name: (PhaseStats.from_dict(doc), str(doc.get("measured_at", ""))) for name, doc in journal.items()}
+
+    def on_phase(name: str, stats: PhaseStats) -> None:
+        if not enabled or stats.cached or not stats.calls or stats.timed_at:
+            return  # nothing measured afresh: keep what the journal has
+        journal[name] = {**stats.as_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        out.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(journal, indent=2) + "\n")
+        partial.replace(path)
+
+    return timed, on_phase
+
+
 def _write_outputs(out: Path, result: Any, doc: Mapping[str, Any]) -> None:
     from combee.playbook import render_prompt
     from combee.tasks.report import markdown, write_plot
@@ -202,7 +230,11 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             concurrency=settings.llm_max_concurrency,
         )
         load_start = os.getloadavg()
-        result = await run_harness(config, llm_for, progress=lambda label: Progress(label, err, quiet=args.quiet))
+        timed, on_phase = _timing_journal(args.out, enabled=cache_root is not None)
+        result = await run_harness(
+            config, llm_for, progress=lambda label: Progress(label, err, quiet=args.quiet), timed=timed,
+            on_phase=on_phase,
+        )  # fmt: skip
         load_end = os.getloadavg()
 
     answers = sum(s.calls for s in result.phases.values())

@@ -124,6 +124,7 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
         "served_models": sorted({m for s in result.phases.values() for m in s.models}),
         "context_tokens": result.context_tokens,
         "cached_calls": cached,
+        "timed_in_earlier_runs": {n: s.timed_at for n, s in sorted(result.phases.items()) if s.timed_at},
         "wall_s": round(result.wall_s, 3),
     }
 
@@ -205,9 +206,16 @@ def markdown(doc: Mapping[str, Any]) -> str:
         lines.append(
             f"{doc['cached_calls']} answers came from the response cache: their wall times are not model timings."
         )
+    earlier = doc.get("timed_in_earlier_runs") or {}
+    if earlier:
+        lines.append(
+            "Timed in an earlier run of this command, whose answers this run replayed from the response cache "
+            "(the figures shown are that run's): " + ", ".join(f"{phase} ({at})" for phase, at in earlier.items()) + "."
+        )
+    resumed = " (this run only)" if earlier else ""
     lines += [
         f"Intervals: percentile bootstrap over test questions ({doc['bootstrap']['resamples']} resamples, seed "
-        f"{doc['bootstrap']['seed']}); Δ is paired (same resamples). Total wall time {doc['wall_s']:.0f} s.",
+        f"{doc['bootstrap']['seed']}); Δ is paired (same resamples). Total wall time{resumed} {doc['wall_s']:.0f} s.",
         "",
     ]
     return "\n".join(lines)

@@ -16,6 +16,12 @@ Every phase gets its LLM from ``llm_for(phase)`` (phases: ``traces``, ``learn-<m
 caller can give each phase its own response cache: a cached reflector answer of one method must not make
 another method's learning look fast. Calls, cached calls, tokens and wall time are counted per phase (and per
 evaluated playbook) by a thin wrapper around the port.
+
+A run can be resumed: with a response cache, a phase an earlier run completed is replayed at no cost, and its
+wall time would then be the cache's, not the model's. So the caller keeps the timings of phases answered
+without the cache (``timed``, passed back in; ``on_phase`` hands each finished phase out) and a replayed phase
+reports the timing it had when the model answered it (:func:`with_timing`): the same calls, every one cached
+now, none cached then.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ __all__ = [
     "PhaseStats",
     "ProgressBar",
     "run_harness",
+    "with_timing",
 ]
 
 BASELINE = "none"
@@ -70,6 +77,7 @@ class PhaseStats:
     completion_tokens: int = 0
     simulated: int = 0
     models: set[str] = field(default_factory=set)
+    timed_at: str | None = None  # set when these figures are an earlier run's (see with_timing): when measured
 
     def add(self, response: ChatResponse) -> None:
         self.calls += 1
@@ -89,7 +97,50 @@ class PhaseStats:
             "completion_tokens": self.completion_tokens,
             "tokens": self.prompt_tokens + self.completion_tokens,
             "simulated_answers": self.simulated,
+            **({"timed_in_an_earlier_run_at": self.timed_at} if self.timed_at else {}),
         }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, object]) -> PhaseStats:
+        """The inverse of :meth:`as_dict` (``models`` aside: a journal keeps only the figures)."""
+
+        def num(key: str) -> int:
+            value = doc.get(key, 0)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        wall = doc.get("wall_s", 0.0)
+        at = doc.get("timed_in_an_earlier_run_at")
+        return cls(
+            wall_s=float(wall) if isinstance(wall, (int, float)) else 0.0,
+            calls=num("calls"),
+            cached=num("cached_calls"),
+            prompt_tokens=num("prompt_tokens"),
+            completion_tokens=num("completion_tokens"),
+            simulated=num("simulated_answers"),
+            timed_at=str(at) if at else None,
+        )
+
+
+def with_timing(fresh: PhaseStats, earlier: PhaseStats | None, measured_at: str) -> PhaseStats:
+    """The figures to report for a phase: ``fresh`` unless every answer in it came from the response cache and
+    ``earlier`` timed the same number of calls with none cached, i.e. the run that filled the cache. Then the
+    earlier figures, stamped with when they were measured (``measured_at``, unless already stamped)."""
+    replayed = fresh.calls > 0 and fresh.cached == fresh.calls
+    if not replayed or earlier is None or earlier.cached or earlier.calls != fresh.calls:
+        return fresh
+    return PhaseStats(
+        wall_s=earlier.wall_s,
+        calls=earlier.calls,
+        cached=0,
+        prompt_tokens=earlier.prompt_tokens,
+        completion_tokens=earlier.completion_tokens,
+        simulated=earlier.simulated,
+        models=fresh.models,
+        timed_at=earlier.timed_at or measured_at,
+    )
+
+
+PhaseDone = Callable[[str, PhaseStats], None]
 
 
 class MeteredLLM:
@@ -157,6 +208,8 @@ async def run_harness(
     *,
     progress: ProgressFactory | None = None,
     clock: Callable[[], float] = time.monotonic,
+    timed: Mapping[str, tuple[PhaseStats, str]] | None = None,
+    on_phase: PhaseDone | None = None,
 ) -> HarnessResult:
     """Run the three phases (module docstring) and return everything they produced, uncut.
 
@@ -168,6 +221,14 @@ async def run_harness(
 
     def bar(label: str) -> ProgressBar:
         return progress(label) if progress is not None else _Quiet()
+
+    def done(name: str) -> None:
+        """A phase ended: an earlier run's timing replaces a replay's (module docstring), then hand it out."""
+        earlier = (timed or {}).get(name)
+        if earlier is not None:
+            phases[name] = with_timing(phases[name], earlier[0], earlier[1])
+        if on_phase is not None:
+            on_phase(name, phases[name])
 
     started = clock()
     phases: dict[str, PhaseStats] = {}
@@ -185,6 +246,7 @@ async def run_harness(
         )  # fmt: skip
     stats.wall_s = clock() - t0
     p.close()
+    done("traces")
     traces = [to_trace(a, namespace=config.task, playbook_version=empty.version) for a in train_attempts]
 
     # 2. learn the same traces with every method
@@ -204,6 +266,7 @@ async def run_harness(
         finally:
             stats.wall_s = clock() - t0
             p.close()
+        done(f"learn-{method}")
 
     # 3. evaluate the empty playbook and every learned one on the same test questions
     playbooks = {BASELINE: empty, **{m: r.playbook for m, r in learned.items()}}
@@ -219,6 +282,7 @@ async def run_harness(
             )  # fmt: skip
             stats.wall_s = clock() - t0
             p.close()
+            done(f"eval-{name}")
 
     return HarnessResult(
         config=config,

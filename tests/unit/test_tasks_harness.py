@@ -16,7 +16,7 @@ from combee.learner import LearnConfig
 from combee.llm import LLM, ChatRequest, Role
 from combee.tasks.data import Question, default_data_dir
 from combee.tasks.report import document, markdown, write_plot
-from combee.tasks.run import BASELINE, HarnessConfig, run_harness
+from combee.tasks.run import BASELINE, HarnessConfig, PhaseStats, run_harness, with_timing
 from tests.fakes import ScriptedLLM, block_lines, echo_script
 
 QUESTIONS = [Question(f"q:{i}", f"Question {i}: what is {i} + {i}? Answer:", f"{2 * i}.0") for i in range(1, 9)]
@@ -113,13 +113,31 @@ def test_the_cli_runs_end_to_end_against_the_simulator_and_a_rerun_comes_from_th
     assert len((out / "traces.jsonl").read_text().splitlines()) == 3
     assert doc["cached_calls"] == sum(m["eval"]["cached_calls"] for m in doc["methods"])  # fresh cache
 
-    assert main(argv) == 0  # the same run again: every answer from the cache, the same figures
+    journal = json.loads((out / "timings.json").read_text())
+    fresh = {"traces", *(f"learn-{m['method']}" for m in doc["methods"] if m["learn"])}
+    fresh |= {f"eval-{m['method']}" for m in doc["methods"] if not m["eval"]["cached_calls"]}
+    assert set(journal) == fresh  # every phase the model answered, none the cache did
+
+    assert main(argv) == 0  # the same run again: every answer from the cache, reported with the first timings
     again = json.loads((out / "results.json").read_text())
-    assert again["cached_calls"] == again["traces"]["calls"] + sum(
-        m["eval"]["calls"] + (m["learn"]["calls"] if m["learn"] else 0) for m in again["methods"]
-    )
+    assert set(again["timed_in_earlier_runs"]) == fresh
+    assert again["traces"]["wall_s"] == doc["traces"]["wall_s"] and again["traces"]["cached_calls"] == 0
+    for first, second in zip(doc["methods"], again["methods"], strict=True):
+        if first["learn"]:
+            assert second["learn"]["wall_s"] == first["learn"]["wall_s"]
+            assert second["learn"]["timed_in_an_earlier_run_at"] == journal[f"learn-{first['method']}"]["measured_at"]
     assert [m["accuracy"] for m in again["methods"]] == [m["accuracy"] for m in doc["methods"]]
     assert again["simulated"] is True
+    assert "Timed in an earlier run of this command" in (out / "results.md").read_text()
+
+    # without the journal the replay is what it is: every answer from the cache
+    (out / "timings.json").unlink()
+    assert main(argv) == 0
+    bare = json.loads((out / "results.json").read_text())
+    assert bare["timed_in_earlier_runs"] == {}
+    assert bare["cached_calls"] == bare["traces"]["calls"] + sum(
+        m["eval"]["calls"] + (m["learn"]["calls"] if m["learn"] else 0) for m in bare["methods"]
+    )
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -193,3 +211,16 @@ async def test_a_method_whose_calls_cannot_fit_the_context_is_reported_failed_an
     assert [m["method"] for m in doc["methods"]] == [BASELINE, "sequential", "naive"]
     assert "failed:" in markdown(doc)
     assert write_plot(doc, tmp_path / "a.png").exists()
+
+
+def test_a_replayed_phase_reports_the_timing_of_the_run_that_filled_the_cache() -> None:
+    earlier = PhaseStats(wall_s=120.0, calls=4, cached=0, prompt_tokens=400, completion_tokens=80)
+    replay = PhaseStats(wall_s=0.02, calls=4, cached=4, prompt_tokens=400, completion_tokens=80)
+    got = with_timing(replay, earlier, "2026-12-01T17:00:00Z")
+    assert (got.wall_s, got.cached, got.timed_at) == (120.0, 0, "2026-12-01T17:00:00Z")
+    assert PhaseStats.from_dict(got.as_dict()) == got
+    assert with_timing(replay, None, "t") is replay  # nothing recorded
+    partly = PhaseStats(wall_s=30.0, calls=4, cached=2)
+    assert with_timing(partly, earlier, "t") is partly  # half the answers are the model's: its own timing
+    assert with_timing(replay, PhaseStats(wall_s=1.0, calls=4, cached=1), "t") is replay  # not a model timing
+    assert with_timing(replay, PhaseStats(wall_s=1.0, calls=5), "t") is replay  # other calls: another phase
