@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +20,7 @@ __all__ = [
     "ChatRequest",
     "ChatResponse",
     "KnowsContext",
+    "LLMPrices",
     "Role",
     "Usage",
     "context_tokens_of",
@@ -118,3 +120,16 @@ async def context_tokens_of(llm: LLM, role: Role) -> int | None:
     if isinstance(llm, KnowsContext):
         return await llm.context_tokens(role)
     return None
+
+
+@dataclass(frozen=True)
+class LLMPrices:
+    """Dollars per 1,000 prompt / completion tokens; an unset price counts as zero."""
+
+    per_1k_prompt: float | None = None
+    per_1k_completion: float | None = None
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        prompt = (self.per_1k_prompt or 0.0) * prompt_tokens / 1000.0
+        completion = (self.per_1k_completion or 0.0) * completion_tokens / 1000.0
+        return prompt + completion

@@ -8,26 +8,12 @@ composition root (:func:`combee.wiring.build_metrics`). Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from combee.llm import Role
+from combee.llm import LLMPrices, Role
 from combee.meter import Meter
 
-__all__ = ["LLMPrices", "Metrics", "NoMetrics"]
-
-
-@dataclass(frozen=True)
-class LLMPrices:
-    """Dollars per 1,000 prompt / completion tokens; an unset price counts as zero."""
-
-    per_1k_prompt: float | None = None
-    per_1k_completion: float | None = None
-
-    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
-        prompt = (self.per_1k_prompt or 0.0) * prompt_tokens / 1000.0
-        completion = (self.per_1k_completion or 0.0) * completion_tokens / 1000.0
-        return prompt + completion
+__all__ = ["LLMPrices", "Metrics", "NoMetrics"]  # LLMPrices: re-exported from combee.llm
 
 
 class Metrics(Protocol):

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from combee.llm import DEFAULT_REASONING_MODELS, Role, Usage
+from combee.llm import DEFAULT_REASONING_MODELS, LLMPrices, Role, Usage
 from combee.redaction import endpoint_url
 
 __all__ = [
@@ -158,9 +158,8 @@ class EndpointConfig(BaseModel):
         """Dollar cost of ``usage`` at the configured prices, or ``None`` when no price is configured."""
         if self.price_per_1k_prompt is None and self.price_per_1k_completion is None:
             return None
-        prompt = (self.price_per_1k_prompt or 0.0) * usage.prompt_tokens / 1000.0
-        completion = (self.price_per_1k_completion or 0.0) * usage.completion_tokens / 1000.0
-        return prompt + completion
+        prices = LLMPrices(self.price_per_1k_prompt, self.price_per_1k_completion)
+        return prices.cost_usd(usage.prompt_tokens, usage.completion_tokens)
 
 
 class LLMStats(BaseModel):
