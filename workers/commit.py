@@ -113,7 +113,7 @@ async def _remember(
     *,
     checkpoint: bool = True,
 ) -> None:
-    """Write the snapshot the valid record at ``offset`` produced, a checkpoint, and offer the version."""
+    """Write the snapshot the valid record at ``offset`` produced, offer its version, then write a checkpoint."""
     tenure = rt.tenure
     assert tenure is not None
     marks = dict(snap.watermarks) if snap is not None else {}
@@ -132,15 +132,16 @@ async def _remember(
     await ctx.snapshots.put(rt.namespace, new, cache=False)
     tenure.snapshots[rt.namespace] = new
     tenure.snapshotted(rt.namespace, offset)
-    if is_current(ctx, tenure):  # a tenure that ended meanwhile (revoked, fenced) wrote to the changelog only
+    current = is_current(ctx, tenure)  # a tenure that ended meanwhile (revoked, fenced) wrote to the changelog only
+    if current:
         ctx.snapshots.cache(rt.namespace, new)
-        position = tenure.checkpoint()
-        if checkpoint and position is not None:
-            await ctx.snapshots.put_raw(tenure.partition, CHECKPOINT, encode_checkpoint(position))
     rt.playbooks[playbook.version] = playbook
     ctx.metrics.playbook_size(rt.namespace, len(playbook.bullets))
     for v in sorted(rt.playbooks)[:-KEEP_VERSIONS]:
         del rt.playbooks[v]
+    # No await between caching the snapshot and offering its version: the status loop (republish_if_lost) reads
+    # both, and in between it would offer this version without its window and provenance, and the real offer
+    # would then be refused as not newer.
     ctx.publisher.offer(
         rt.namespace,
         playbook.version,
@@ -154,6 +155,10 @@ async def _remember(
             PROVENANCE_KEY: [provenance_entry(record.version, record.window_id, record.trace_ids)],
         },
     )
+    if current:
+        position = tenure.checkpoint()
+        if checkpoint and position is not None:
+            await ctx.snapshots.put_raw(tenure.partition, CHECKPOINT, encode_checkpoint(position))
 
 
 async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:

@@ -50,3 +50,34 @@ async def test_a_version_redis_lost_is_published_again_and_a_present_one_is_left
     assert await republish_if_lost(ctx, rt)
     await ctx.publisher.run(until_idle=True)
     assert store.versions["alpha"][0] == version
+
+
+async def test_the_status_loop_never_republishes_a_version_without_its_provenance() -> None:
+    """Found by the UI's browser test: a version reached Redis with no window and no provenance. Between caching
+    a new snapshot and offering its version, the combiner awaited the checkpoint write; the status loop ran
+    then, saw a snapshot newer than Redis and nothing pending, and offered it with empty meta, and the real
+    offer of the same version was refused as not newer."""
+    kafka, stream, seen = MemoryKafka(), Stream(), set()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    published: dict[int, dict[str, Any]] = {}
+
+    class RecordingStore(DictStore):
+        async def publish(self, namespace: str, version: int, prompt: str, playbook_json: str, **kw: Any) -> bool:
+            published[version] = kw
+            return await super().publish(namespace, version, prompt, playbook_json, **kw)
+
+    store = RecordingStore()
+    ctx.store, ctx.publisher = store, LatestVersionPublisher(store)
+    raced: list[bool] = []
+    put_raw = ctx.snapshots.put_raw
+
+    async def put_raw_with_status_loop(*args: Any, **kwargs: Any) -> Any:
+        raced.append(await republish_if_lost(ctx, ctx.runtime("alpha")))  # the status loop gets the turn here
+        return await put_raw(*args, **kwargs)
+
+    ctx.snapshots.put_raw = put_raw_with_status_loop  # type: ignore[method-assign]
+    await feed_traces(ctx, kafka, stream, "alpha", 6)
+    await run_until_quiet(ctx, kafka, stream, seen)
+    await ctx.publisher.run(until_idle=True)
+    assert raced and not any(raced)  # every time it looked, the new version was already offered
+    assert published and all(kw.get("window_id") and kw.get("meta") for kw in published.values())
