@@ -29,7 +29,8 @@ table { border-collapse: collapse; width: 100%; } th, td { text-align: left; pad
 th { background: #f3f4f7; font-weight: 600; } tr:nth-child(even) td { background: #fafafc; }
 code, pre, .id { font-family: ui-monospace, monospace; font-size: 12.5px; }
 pre { background: #f6f7f9; border: 1px solid #e1e3e8; padding: 8px; white-space: pre-wrap; overflow-wrap: anywhere; }
-ul.bullets { padding-left: 18px; } li.bullet, li.change { margin: 3px 0; }
+ul.bullets { padding-left: 18px; }
+details.traces { display: inline; } details.traces summary { cursor: pointer; } li.bullet, li.change { margin: 3px 0; }
 .muted { color: #778; } .note { background: #fff8e1; border-left: 3px solid #f2b705; padding: 4px 8px; }
 .added { border-left: 4px solid #2e9a4b; padding-left: 6px; list-style: none; }
 .changed { border-left: 4px solid #d68a00; padding-left: 6px; list-style: none; }
@@ -40,7 +41,7 @@ ul.bullets { padding-left: 18px; } li.bullet, li.change { margin: 3px 0; }
 
 _LATENCY_NOTE = (
     "Per-window latencies are not stored in Redis: a version records its windows' ids and trace ids and when it "
-    "was published, not when each window closed, was mapped or applied. The worker's report below gives "
+    "was published, not when each window closed, was mapped or applied. The worker's report (Controller, above) gives "
     "close-to-applied quantiles over its recent windows; per-window figures are the workers' Prometheus "
     "histogram combee_window_latency_seconds (docs/operations.md)."
 )
@@ -52,6 +53,20 @@ def _e(value: object) -> str:
 
 def _or_dash(value: object) -> str:
     return "-" if value is None else _e(value)
+
+
+def _traces(ids: Sequence[str] | None) -> str:
+    """A window's trace ids: the count and the first few, all of them when opened (``<details>``, no script)."""
+    if ids is None:
+        return '<span class="muted">traces not recorded</span>'
+    if not ids:
+        return "no traces"
+    first = ", ".join(_e(t) for t in ids[:3]) + (", …" if len(ids) > 3 else "")
+    every = ", ".join(_e(t) for t in ids)
+    return (
+        f'<details class="traces"><summary>{len(ids)} traces: <span class="id">{first}</span></summary>'
+        f'<span class="id trace-ids">{every}</span></details>'
+    )
 
 
 def _when(ts: float | None) -> str:
@@ -107,10 +122,11 @@ def _report(report: WorkerReport | None) -> str:
             "(is one running? a report expires 5 minutes after the last one).</p>"
         )
     state = "profiling candidate sizes" if report.profiling else "decided"
+    chosen = "not chosen yet" if report.batch_size is None else report.batch_size
     trial = f", next trial {_e(report.next_trial)}" if report.next_trial is not None else ""
     return (
         '<table class="report" id="controller"><tbody>\n'
-        f'<tr><th>Controller</th><td>batch size <b class="batch-size">{_or_dash(report.batch_size)}</b> '
+        f'<tr><th>Controller</th><td>batch size <b class="batch-size">{_e(chosen)}</b> '
         f"({state}{trial})</td></tr>\n"
         f'<tr><th>Why</th><td class="decision">{_e(report.decision)}</td></tr>\n'
         f"<tr><th>Close to applied</th><td>p50 {_seconds(report.latency_p50_s)}, p95 "
@@ -139,12 +155,7 @@ def index_page(namespaces: Sequence[NamespaceSummary]) -> str:
 
 
 def _window_cells(w: WindowRow, namespace: str) -> str:
-    if w.trace_ids is None:
-        traces = '<span class="muted">not recorded</span>'
-    else:
-        shown = ", ".join(_e(t) for t in w.trace_ids[:6])
-        more = f" … (+{len(w.trace_ids) - 6})" if len(w.trace_ids) > 6 else ""
-        traces = f'<span class="id">{shown}{more}</span>'
+    traces = _traces(w.trace_ids)
     published = _link(_version_url(namespace, w.published_in), f"v{w.published_in}")
     return (
         f'<tr class="window"><td>{_link(_version_url(namespace, w.version), f"v{w.version}")}</td>'
@@ -211,8 +222,8 @@ def _bullet(b: Bullet, namespace: str) -> str:
 
 
 def _provenance(p: WindowProvenance) -> str:
-    traces = "not recorded" if p.trace_ids is None else f"{len(p.trace_ids)}: {', '.join(p.trace_ids) or '-'}"
-    return f'<li class="window">v{p.version} · window <code>{_or_dash(p.window_id)}</code> · traces {_e(traces)}</li>'
+    window = f"<code>{_or_dash(p.window_id)}</code>"
+    return f'<li class="window">v{p.version} · window {window} · {_traces(p.trace_ids)}</li>'
 
 
 def version_page(view: VersionDetail) -> str:
@@ -252,14 +263,13 @@ def _change(c: BulletChange, namespace: str) -> str:
     text = c.after if c.kind == "added" else c.before
     now = f'<div>now: <span class="bullet-after">{_e(c.after)}</span></div>' if c.kind == "changed" else ""
     p = c.taught_by
-    traces = "not recorded" if p.trace_ids is None else f"{len(p.trace_ids)}: {', '.join(p.trace_ids) or '-'}"
     verb = "removed by" if c.kind == "removed" else "taught by"
     return (
         f'<li class="change {_e(c.kind)}" data-bullet-id="{_e(c.bullet_id)}"><span class="kind">{_e(c.kind)}</span>'
         f'<span class="id">[{_e(c.bullet_id)}]</span> <span class="muted">({_e(c.section)})</span> '
         f'<span class="bullet-text">{_e(text)}</span>{now}'
         f'<div class="muted">{verb} window <code>{_or_dash(p.window_id)}</code> '
-        f"({_link(_version_url(namespace, p.version), f'v{p.version}')}); traces {_e(traces)}</div></li>"
+        f"({_link(_version_url(namespace, p.version), f'v{p.version}')}); {_traces(p.trace_ids)}</div></li>"
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from combee.ui import render
 from combee.ui.server import build_app
 from streams import overview
 from streams.redis_records import HistoryEntry
+from tests.support import element_texts as texts
 
 NS = "ui-ns"
 W1, W2 = f"{NS}/p0/0-2", f"{NS}/p0/3-4"
@@ -90,41 +90,6 @@ class FakeStore:
 
 def store() -> FakeStore:
     return FakeStore([(V1, W1, ["t0", "t1", "t2"]), (V2, W2, ["t3", "t4"])], STATUS)
-
-
-class Texts(HTMLParser):
-    """The text of every element with a given class, and whether a <script> element exists."""
-
-    def __init__(self, css: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.css = css
-        self.depth = 0
-        self.found: list[str] = []
-        self.scripts = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "script":
-            self.scripts += 1
-        classes = (dict(attrs).get("class") or "").split()
-        if self.depth:
-            self.depth += 1
-        elif self.css in classes:
-            self.depth = 1
-            self.found.append("")
-
-    def handle_endtag(self, tag: str) -> None:
-        if self.depth:
-            self.depth -= 1
-
-    def handle_data(self, data: str) -> None:
-        if self.depth:
-            self.found[-1] += data
-
-
-def texts(page: str, css: str) -> tuple[list[str], int]:
-    parser = Texts(css)
-    parser.feed(page)
-    return parser.found, parser.scripts
 
 
 # --- the data -------------------------------------------------------------------------------------------
