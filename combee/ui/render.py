@@ -159,7 +159,7 @@ def _window_cells(w: WindowRow, namespace: str) -> str:
     published = _link(_version_url(namespace, w.published_in), f"v{w.published_in}")
     return (
         f'<tr class="window"><td>{_link(_version_url(namespace, w.version), f"v{w.version}")}</td>'
-        f'<td class="id">{_or_dash(w.window_id)}</td><td class="size">{_or_dash(w.size)}</td>'
+        f'<td class="id window-id">{_or_dash(w.window_id)}</td><td class="size">{_or_dash(w.size)}</td>'
         f"<td>{traces}</td><td>{published} at {_when(w.published_at)}</td></tr>"
     )
 
