@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis.exceptions
 from aiohttp.test_utils import TestClient, TestServer
 
 from combee.models import Bullet, Playbook, Provenance
@@ -207,3 +208,16 @@ async def test_bad_requests_are_pages_too(client: TestClient[Any, Any]) -> None:
     assert (await client.get("/nowhere")).status == 404
     empty = await client.get("/ns/quiet")
     assert empty.status == 200 and "No version of this namespace is published yet." in await empty.text()
+
+
+class DownStore(FakeStore):
+    async def namespaces(self) -> list[str]:
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+
+async def test_redis_unreachable_is_a_503_page() -> None:
+    async with TestClient(TestServer(build_app(DownStore([], None)))) as c:
+        page = await c.get("/")
+        assert page.status == 503 and "cannot read Redis: ConnectionError" in await page.text()
+        api = await c.get("/api/namespaces")
+        assert api.status == 503 and json.loads(await api.text()) == {"error": "cannot read Redis: ConnectionError"}
