@@ -30,6 +30,7 @@ __all__ = [
     "UnknownVersion",
     "VersionRecord",
     "WindowProvenance",
+    "diff_span",
     "diff_versions",
     "parse_provenance",
     "provenance_entry",
@@ -108,6 +109,32 @@ def parse_provenance(meta: Mapping[str, Any] | None) -> tuple[WindowProvenance, 
             )
         )
     return tuple(out)
+
+
+def diff_span(
+    published: Sequence[int], from_version: int | None = None, to_version: int | None = None
+) -> tuple[int, int, tuple[int, ...]]:
+    """Which versions a diff compares and reads: ``(from, to, the published versions from..to)``.
+
+    ``published`` are the versions still retained. ``to_version`` defaults to the newest, ``from_version`` to the
+    published version before ``to`` (a version a newer one superseded was never published), or 0 — the empty
+    playbook before the first version, which is never among the versions to read. Raises UnknownVersion when
+    nothing is published or a version is not retained (the message lists what is), ConfigError when ``from`` is
+    newer than ``to``.
+    """
+    held = sorted(set(published))
+    if not held:
+        raise UnknownVersion("no version is published yet")
+    to_v = held[-1] if to_version is None else to_version
+    from_v = max((v for v in held if v < to_v), default=0) if from_version is None else from_version
+    if from_v > to_v:
+        raise ConfigError(f"--from {from_v} is newer than --to {to_v}")
+    for v in (to_v, from_v):
+        if v not in held and v != 0:
+            raise UnknownVersion(
+                f"version {v} is not published or no longer retained (there are versions {held[0]}..{held[-1]})"
+            )
+    return from_v, to_v, tuple(v for v in held if from_v <= v <= to_v)
 
 
 def diff_versions(records: Sequence[VersionRecord], from_version: int, to_version: int) -> PromptDiff:

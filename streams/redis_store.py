@@ -36,13 +36,21 @@ import redis.retry
 
 from combee.errors import ConfigError
 from combee.models import validate_namespace
-from combee.promptdiff import PROVENANCE_KEY
+from combee.promptdiff import PROVENANCE_KEY, VersionRecord
 from combee.redaction import redact
 from combee.store import PromptStore, PublishedPrompt
 from combee.tokens import estimate_tokens
 from streams.keys import RedisKeys
 from streams.redis_connection import client_secrets
-from streams.redis_records import HistoryEntry, check_version, parse_history, parse_prompt_fields, reply_text
+from streams.redis_records import (
+    RECORD_FIELDS,
+    HistoryEntry,
+    check_version,
+    parse_history,
+    parse_prompt_fields,
+    parse_version_record,
+    reply_text,
+)
 
 if TYPE_CHECKING:
     pass
@@ -318,6 +326,15 @@ class RedisPromptStore(PromptStore):
         key = self.keys.version(namespace, version)
         values = await self._call(cast(Awaitable[Any], self._redis.hmget(key, _FIELDS)))
         return parse_prompt_fields(namespace, values)
+
+    async def version_record(self, namespace: str, version: int) -> VersionRecord | None:
+        """Version ``version``'s playbook and provenance (:mod:`combee.promptdiff`), or None when not retained:
+        the read of :meth:`streams.client.PromptClient.version_record`, for asyncio callers. Raises ValueError for
+        a malformed playbook."""
+        check_version(version)
+        key = self.keys.version(namespace, version)
+        values = await self._call(cast(Awaitable[Any], self._redis.hmget(key, RECORD_FIELDS)))
+        return parse_version_record(namespace, values)
 
     async def history(self, namespace: str, limit: int = 20) -> list[HistoryEntry]:
         """The newest ``limit`` history entries, newest first."""

@@ -1,8 +1,8 @@
 """``combee``: the parser of every verb, and the one place a failure becomes a line on stderr and an exit status.
 
 Each verb lives in its own module of this package (``learn``, ``sim``, ``demo``, ``worker``, ``publish``,
-``prompt``, ``replay``, ``status``, ``topics``, ``dev``, ``llm``, ``bench``, ``task``) and registers itself with an
-``add_<verb>_command(subparsers)``; what they share is in :mod:`combee.cli.base`. Every verb is documented in
+``prompt``, ``replay``, ``status``, ``topics``, ``ui``, ``dev``, ``llm``, ``bench``, ``task``) and registers itself
+with an ``add_<verb>_command(subparsers)``; what they share is in :mod:`combee.cli.base`. Every verb is documented in
 README.md.
 """
 
@@ -26,6 +26,7 @@ from combee.cli.sim import add_sim_command
 from combee.cli.status import add_status_command
 from combee.cli.task import add_task_command
 from combee.cli.topics import add_topics_command
+from combee.cli.ui import add_ui_command
 from combee.cli.worker import add_worker_command
 from combee.errors import CombeeError, ConfigError, LLMRateLimited, LLMUnavailable, TopicMissing
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_replay_command,
         add_status_command,
         add_topics_command,
+        add_ui_command,
         add_dev_command,
         add_llm_command,
         add_bench_command,

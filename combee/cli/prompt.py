@@ -104,24 +104,20 @@ def _not_retained(client: PromptClient, version: int) -> str:
 
 
 def _diff(client: PromptClient, args: argparse.Namespace) -> None:
+    from combee.errors import ConfigError
     from combee.models import Playbook
-    from combee.promptdiff import VersionRecord, diff_versions, render_diff
+    from combee.promptdiff import UnknownVersion, VersionRecord, diff_span, diff_versions, render_diff
     from streams.redis_store import DEFAULT_HISTORY_LIMIT
 
-    published = sorted(h.version for h in client.history(limit=DEFAULT_HISTORY_LIMIT))
+    published = [h.version for h in client.history(limit=DEFAULT_HISTORY_LIMIT)]
     if not published:
         raise CliError(f"namespace {client.namespace!r} has no published prompt yet", 4)
-    to_version = args.to_version if args.to_version is not None else published[-1]
-    if args.from_version is not None:
-        from_version = args.from_version
-    else:  # the published version before --to (versions a newer one superseded were never published)
-        from_version = max((v for v in published if v < to_version), default=0)
-    if from_version > to_version:
-        raise CliError(f"--from {from_version} is newer than --to {to_version}")
-    for v in (to_version, from_version):
-        if v not in published and v != 0:  # 0: before the first version
-            raise CliError(_not_retained(client, v))
-    wanted = [v for v in published if from_version <= v <= to_version]
+    try:
+        from_version, to_version, wanted = diff_span(published, args.from_version, args.to_version)
+    except UnknownVersion as exc:
+        raise CliError(f"{client.namespace}: {exc}") from None
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
     records = [r for r in (client.version_record(v) for v in wanted) if r is not None]
     if from_version == 0:  # before the first version: the empty playbook
         records.append(VersionRecord(0, Playbook(namespace=client.namespace)))

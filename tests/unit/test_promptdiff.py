@@ -15,6 +15,7 @@ from combee.promptdiff import (
     UnknownVersion,
     VersionRecord,
     WindowProvenance,
+    diff_span,
     diff_versions,
     parse_provenance,
     provenance_entry,
@@ -153,3 +154,18 @@ def test_the_publisher_carries_superseded_windows_into_the_version_it_publishes(
     meta = published[0][1]
     assert meta is not None
     assert [p.version for p in parse_provenance(meta)] == [1, 2, 3]
+
+
+def test_the_span_of_a_diff_defaults_to_the_previous_published_version_and_the_current_one() -> None:
+    assert diff_span([5, 2, 1]) == (2, 5, (2, 5))  # 3 and 4 were superseded before publishing
+    assert diff_span([1, 2, 5], to_version=2) == (1, 2, (1, 2))
+    assert diff_span([1, 2, 5], to_version=1) == (0, 1, (1,))  # 0: the empty playbook, never read
+    assert diff_span([1, 2, 5], from_version=1) == (1, 5, (1, 2, 5))
+    with pytest.raises(
+        UnknownVersion, match=r"version 9 is not published or no longer retained \(there are versions 1\.\.5\)"
+    ):
+        diff_span([1, 2, 5], to_version=9)
+    with pytest.raises(UnknownVersion, match="no version is published yet"):
+        diff_span([])
+    with pytest.raises(ConfigError, match="--from 5 is newer than --to 2"):
+        diff_span([1, 2, 5], from_version=5, to_version=2)

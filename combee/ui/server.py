@@ -1,0 +1,173 @@
+"""``combee ui``'s web server (aiohttp): thin handlers that read with :mod:`streams.overview` and render with
+:mod:`combee.ui.render`, and the same data as JSON under ``/api/``.
+
+Routes: ``/`` (namespaces), ``/ns/{namespace}``, ``/ns/{namespace}/v/{version}``,
+``/ns/{namespace}/diff?from=V&to=W`` (defaults as ``combee prompt diff``), and ``/api/namespaces``,
+``/api/ns/{namespace}``, ``/api/ns/{namespace}/v/{version}``, ``/api/ns/{namespace}/diff``. An invalid namespace,
+a version not retained or a bad query is a 404/400 page naming it; Redis unreachable is a 503 page.
+Read-only: nothing here writes to Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.exceptions
+from aiohttp import web
+from pydantic import BaseModel
+
+from combee.errors import ConfigError, InvalidNamespace
+from combee.models import validate_namespace
+from combee.promptdiff import UnknownVersion
+from combee.ui import render
+from streams import overview
+from streams.overview import OverviewStore
+
+__all__ = ["STORE_KEY", "build_app", "serve", "start_site"]
+
+log = logging.getLogger(__name__)
+
+STORE_KEY = web.AppKey[OverviewStore]("store")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+def _json(data: Any) -> web.Response:
+    plain = [dataclasses.asdict(d) for d in data] if isinstance(data, list) else dataclasses.asdict(data)
+    return web.Response(text=json.dumps(plain, default=_json_default, indent=1), content_type="application/json")
+
+
+def _html(text: str, status: int = 200) -> web.Response:
+    return web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
+
+
+class _Fail(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _namespace(request: web.Request) -> str:
+    try:
+        return validate_namespace(request.match_info["namespace"])
+    except InvalidNamespace as exc:
+        raise _Fail(404, str(exc)) from None
+
+
+def _version(text: str | None, name: str) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise _Fail(400, f"{name} must be a version number, got {text!r}") from None
+    if value < 0:
+        raise _Fail(400, f"{name} must be a version number, got {value}")
+    return value
+
+
+def _page(handler: Callable[[web.Request, OverviewStore], Awaitable[web.Response]]) -> Handler:
+    """Run ``handler`` with the app's store; a failure becomes a page (HTML) or ``{"error": ...}`` (``/api/``)."""
+
+    async def run(request: web.Request) -> web.StreamResponse:
+        api = request.path.startswith("/api/")
+        try:
+            return await handler(request, request.app[STORE_KEY])
+        except _Fail as exc:
+            status, message = exc.status, str(exc)
+        except UnknownVersion as exc:
+            status, message = 404, f"{request.match_info.get('namespace', '')}: {exc}"
+        except ConfigError as exc:
+            status, message = 400, str(exc)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.warning("reading Redis for %s failed: %s", request.path, type(exc).__name__)
+            status, message = 503, f"cannot read Redis: {type(exc).__name__}"
+        if api:
+            return web.json_response({"error": message}, status=status)
+        return _html(render.error_page(status, message), status)
+
+    return run
+
+
+async def _index(request: web.Request, store: OverviewStore) -> web.Response:
+    summaries = await overview.namespace_summaries(store)
+    return _json(summaries) if request.path.startswith("/api/") else _html(render.index_page(summaries))
+
+
+async def _namespace_page(request: web.Request, store: OverviewStore) -> web.Response:
+    view = await overview.namespace_overview(store, _namespace(request))
+    return _json(view) if request.path.startswith("/api/") else _html(render.namespace_page(view))
+
+
+async def _version_page(request: web.Request, store: OverviewStore) -> web.Response:
+    ns = _namespace(request)
+    version = _version(request.match_info["version"], "version")
+    assert version is not None  # the route's pattern requires digits
+    view = await overview.version_detail(store, ns, version)
+    if view is None:
+        raise _Fail(404, f"{ns}: version {version} is not published or no longer retained")
+    return _json(view) if request.path.startswith("/api/") else _html(render.version_page(view))
+
+
+async def _diff_page(request: web.Request, store: OverviewStore) -> web.Response:
+    ns = _namespace(request)
+    from_v = _version(request.query.get("from"), "from")
+    to_v = _version(request.query.get("to"), "to")
+    diff = await overview.prompt_diff(store, ns, from_v, to_v)
+    return _json(diff) if request.path.startswith("/api/") else _html(render.diff_page(diff))
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    return _html(render.error_page(404, f"no page at {request.path}"), 404)
+
+
+def build_app(store: OverviewStore) -> web.Application:
+    """The web UI over ``store`` (a :class:`streams.redis_store.RedisPromptStore`, or a test's fake). Not started;
+    the caller owns the store's connection."""
+    app = web.Application()
+    app[STORE_KEY] = store
+    for base in ("", "/api"):
+        app.router.add_get(f"{base}/" if base == "" else f"{base}/namespaces", _page(_index))
+        app.router.add_get(base + "/ns/{namespace}", _page(_namespace_page))
+        app.router.add_get(base + r"/ns/{namespace}/v/{version:\d+}", _page(_version_page))
+        app.router.add_get(base + "/ns/{namespace}/diff", _page(_diff_page))
+    app.router.add_get("/{tail:.*}", _not_found)
+    return app
+
+
+async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` (0: a free port); returns the runner (``cleanup()`` stops it) and the port.
+    Raises OSError when the address is taken."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = int(runner.addresses[0][1]) if runner.addresses else port
+    return runner, bound
+
+
+async def serve(store: OverviewStore, host: str, port: int, *, ready: Callable[[str], None] | None = None) -> None:
+    """Serve until cancelled; ``ready`` (if given) gets the page's URL once bound."""
+    runner, bound = await start_site(build_app(store), host, port)
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        if ready is not None:
+            ready(f"http://{shown}:{bound}/")
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
