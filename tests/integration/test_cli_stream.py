@@ -28,6 +28,7 @@ def test_publish_prompt_history_rollback_and_status(pipe: Pipeline, tmp_path: Pa
     lines = [json.dumps(t) for t in traces]
     lines.insert(5, "{not json")
     path.write_text("\n".join(lines) + "\n")
+    pipe.create_topics()  # deployment creates the topics; the worker's own creation may come after the publish
     pipe.start_worker()
 
     out = combee(pipe, "publish", "--traces", str(path))
