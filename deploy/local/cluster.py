@@ -38,7 +38,16 @@ from deploy.local.config import (
 from deploy.local.ports import require_free
 from deploy.local.process import ProcessRecord, forget, live_record, log_path, read_record, reap
 from deploy.local.readiness import kafka_metadata
-from deploy.local.service import ensure_service, kafka_tool, send_signal, spawn, stop_service, wait_gone, wait_ready
+from deploy.local.service import (
+    ensure_service,
+    kafka_broker_argv,
+    kafka_tool,
+    send_signal,
+    spawn,
+    stop_service,
+    wait_gone,
+    wait_ready,
+)
 
 __all__ = [
     "CLUSTER_HEAP",
@@ -241,13 +250,7 @@ def _launch_node(state_dir: Path, cfg: ClusterConfig, node_id: int) -> ProcessRe
     if not (data_dir / "meta.properties").exists():
         args = ["format", "-t", cfg.cluster_id, "-c", str(props), "--ignore-formatted"]
         kafka_tool(java, lib, args, log_path(state_dir, name))
-    heap = os.environ.get("COMBEE_KAFKA_HEAP", CLUSTER_HEAP)
-    argv = [
-        java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
-        "-cp", f"{lib}/*", "kafka.Kafka", str(props),
-    ]  # fmt: skip
+    argv = kafka_broker_argv(java, lib, props, os.environ.get("COMBEE_KAFKA_HEAP", CLUSTER_HEAP))
     return spawn(state_dir, name, argv, node_dir, cfg.client_port(node_id), (cfg.controller_port(node_id),))
 
 

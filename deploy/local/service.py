@@ -33,6 +33,7 @@ from deploy.local.readiness import kafka_answering, redis_ping
 
 __all__ = [
     "ensure_service",
+    "kafka_broker_argv",
     "kafka_tool",
     "port_of",
     "send_signal",
@@ -168,6 +169,16 @@ def _render_server_properties(cfg: StackConfig, log_dir: Path) -> str:
     return template.substitute(kafka_port=cfg.kafka_port, controller_port=cfg.controller_port, log_dir=str(log_dir))
 
 
+def kafka_broker_argv(java: str, lib: Path, props: Path, heap: str) -> list[str]:
+    """The JVM command line of one Kafka broker (a single node or a node of the local cluster)."""
+    return [
+        java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
+        "-cp", f"{lib}/*", "kafka.Kafka", str(props),
+    ]  # fmt: skip
+
+
 def kafka_tool(java: str, lib: Path, args: list[str], log_file: Path) -> str:
     cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
            "-cp", f"{lib}/*", "kafka.tools.StorageTool", *args]  # fmt: skip
@@ -200,13 +211,7 @@ def _launch_kafka(state_dir: Path, cfg: StackConfig) -> ProcessRecord:
         if not ids:
             raise DeployError(f"StorageTool random-uuid printed no cluster id: {out.strip()[:200]!r}")
         kafka_tool(java, lib, ["format", "-t", ids[-1], "-c", str(props), "--ignore-formatted"], log_file)
-    heap = os.environ.get("COMBEE_KAFKA_HEAP", KAFKA_HEAP)
-    argv = [
-        java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
-        "-cp", f"{lib}/*", "kafka.Kafka", str(props),
-    ]  # fmt: skip
+    argv = kafka_broker_argv(java, lib, props, os.environ.get("COMBEE_KAFKA_HEAP", KAFKA_HEAP))
     return spawn(state_dir, "kafka", argv, kafka_dir, cfg.kafka_port, (cfg.controller_port,))
 
 
