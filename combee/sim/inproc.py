@@ -12,8 +12,6 @@ the same repair turns and ends with the same answers.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,21 +19,15 @@ from typing import Any
 from combee.llm import ChatRequest, ChatResponse, Usage
 from combee.sim.faults import malformed_again
 from combee.sim.generic import generic_answer, truncate_answer, within_contract
-from combee.sim.protocol import Responder, SimRequest
+from combee.sim.protocol import Responder, SimRequest, request_digest
 from combee.tokens import estimate_tokens
 
-__all__ = ["InProcessSim", "canonical_body", "request_rng"]
-
-
-def canonical_body(body: dict[str, Any]) -> str:
-    """The canonical JSON of a request body that seeds its rng (transport-only fields excluded)."""
-    core = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "user")}
-    return json.dumps(core, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+__all__ = ["InProcessSim", "request_rng"]
 
 
 def request_rng(seed: int, body: dict[str, Any]) -> random.Random:
-    digest = hashlib.sha256(f"{seed}|{canonical_body(body)}".encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
+    """The rng of a request's answer: seeded from its digest, as the HTTP server seeds it."""
+    return random.Random(int.from_bytes(request_digest(seed, body)[:8], "big"))
 
 
 class InProcessSim:
@@ -90,7 +82,7 @@ class InProcessSim:
     async def complete(self, request: ChatRequest) -> ChatResponse:
         self.calls += 1
         body = self.body(request)
-        digest = hashlib.sha256(f"{self.seed}|{canonical_body(body)}".encode()).digest()
+        digest = request_digest(self.seed, body)
         rng = random.Random(int.from_bytes(digest[:8], "big"))
         sim_request = SimRequest(
             model=self.model,

@@ -7,12 +7,24 @@ which learning method is running.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Responder", "SimRequest"]
+__all__ = ["Responder", "SimRequest", "request_digest"]
+
+_EXCLUDED_FROM_DIGEST = ("stream", "stream_options", "user")  # transport only: they change no answer
+
+
+def request_digest(seed: int, body: Mapping[str, Any]) -> bytes:
+    """sha256 of ``f"{seed}|"`` + the canonical JSON of ``body`` minus stream/stream_options/user: what seeds a
+    request's answer (its first 8 bytes) and its fault draws, over HTTP and in process alike."""
+    kept = {k: v for k, v in body.items() if k not in _EXCLUDED_FROM_DIGEST}
+    canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{seed}|{canonical}".encode()).digest()
 
 
 @dataclass(frozen=True)

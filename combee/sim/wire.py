@@ -3,7 +3,6 @@ headers of an answer."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -18,7 +17,7 @@ from combee.sim.generic import (
     requested_schema,
 )
 from combee.sim.latency import ServiceTime
-from combee.sim.protocol import SimRequest
+from combee.sim.protocol import SimRequest, request_digest
 from combee.sim.serving import Admission, format_duration
 from combee.tokens import estimate_tokens
 
@@ -39,9 +38,6 @@ PER_MESSAGE_TOKENS = 4
 """Prompt tokens charged per message on top of its text (role and delimiters, as chat templates add)."""
 
 
-_EXCLUDED_FROM_DIGEST = ("stream", "stream_options", "user")
-
-
 _JSON = "application/json"
 
 
@@ -52,13 +48,6 @@ class _Chat:
     include_usage: bool
     prompt_tokens: int
     prompt_text: str
-
-
-def request_digest(seed: int, body: Mapping[str, Any]) -> bytes:
-    """sha256 of ``f"{seed}|"`` + the canonical JSON of ``body`` minus stream/stream_options/user."""
-    kept = {k: v for k, v in body.items() if k not in _EXCLUDED_FROM_DIGEST}
-    canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(f"{seed}|{canonical}".encode()).digest()
 
 
 def _message_text(message: Mapping[str, Any]) -> str:
