@@ -36,6 +36,7 @@ __all__ = ["add_task_command", "configure_parser", "display_url", "probe_models"
 LOCAL_BASE_URL = "http://127.0.0.1:8090/v1"
 LOCAL_MODEL = "local"
 FULL = (60, 100)  # the issue's acceptance size: >= 60 training traces, >= 100 test questions
+PARTIAL = "partial"  # in the timings journal: learning phases stopped part-way, by their last fully timed step
 TIMINGS = "timings.json"  # in --out: each phase's figures from the run in which the model (not the cache) answered it
 QUICK = (4, 5)  # ~9 min on the local 1.5B model on 2 cores, from the per-question costs in docs/benchmarks.md
 METHODS = ("sequential", "naive", "combee")
@@ -129,11 +130,16 @@ def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[st
             for m in methods}  # fmt: skip
 
 
-def _timing_journal(out: Path, enabled: bool) -> tuple[dict[str, Any], Any]:
-    """The timings of earlier runs into ``out`` (phase -> (figures, when measured)) and the callback that records
-    every phase this run times afresh (no answer from the cache), so a resumed run reports model timings for
-    the phases it replays from the cache (:func:`combee.tasks.run.with_timing`)."""
-    from combee.tasks.run import PhaseStats
+def _timing_journal(out: Path, enabled: bool) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
+    """The timings of earlier runs into ``out`` and the callbacks that record this run's, so a resumed run
+    reports model timings for what it replays from the cache (:func:`combee.tasks.run.with_timing`,
+    :class:`combee.tasks.run.Resumed`).
+
+    Returns ``(timed, steps, on_phase, on_step)``: ``timed`` maps a phase to its figures and when they were
+    measured, ``steps`` maps a learning phase stopped part-way to its last fully timed step. The journal keeps
+    completed phases at the top level and unfinished learning phases under ``"partial"``.
+    """
+    from combee.tasks.run import PhaseStats, StepTiming
 
     path = out / TIMINGS
     journal: dict[str, Any] = {}
@@ -142,18 +148,44 @@ def _timing_journal(out: Path, enabled: bool) -> tuple[dict[str, Any], Any]:
             journal = json.loads(path.read_text())
         except ValueError as exc:
             raise CliError(f"{path} is not valid JSON ({exc}); delete it to time every phase again", code=2) from None
+    partial: dict[str, Any] = journal.pop(PARTIAL, {})
     timed = {name: (PhaseStats.from_dict(doc), str(doc.get("measured_at", ""))) for name, doc in journal.items()}
+    steps = {
+        name: StepTiming(int(doc["step"]), PhaseStats.from_dict(doc), str(doc.get("measured_at", "")))
+        for name, doc in partial.items()
+        if isinstance(doc, dict) and isinstance(doc.get("step"), int)
+    }
+
+    def now() -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def save() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        doc = {**journal, **({PARTIAL: partial} if partial else {})}
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(path)
+
+    def model_timed(stats: PhaseStats) -> bool:
+        """Every answer counted was the model's, in this run or in the run a resumed phase continues."""
+        return bool(enabled and stats.calls and not stats.cached and (stats.timed_at is None or stats.resumed_after))
 
     def on_phase(name: str, stats: PhaseStats) -> None:
-        if not enabled or stats.cached or not stats.calls or stats.timed_at:
+        if not model_timed(stats):
             return  # nothing measured afresh: keep what the journal has
-        journal[name] = {**stats.as_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        out.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(journal, indent=2) + "\n")
-        partial.replace(path)
+        journal[name] = {**stats.as_dict(), "measured_at": now()}
+        partial.pop(name, None)
+        save()
 
-    return timed, on_phase
+    def on_step(name: str, step: int, stats: PhaseStats) -> None:
+        if not model_timed(stats):
+            return
+        earlier = partial.get(name, {})
+        measured_at = stats.timed_at or now()  # a resumed phase keeps the stamp of the run it continues
+        partial[name] = {**stats.as_dict(), "step": step, "measured_at": earlier.get("measured_at", measured_at)}
+        save()
+
+    return timed, steps, on_phase, on_step
 
 
 def _write_outputs(out: Path, result: Any, doc: Mapping[str, Any]) -> None:
@@ -230,10 +262,10 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             concurrency=settings.llm_max_concurrency,
         )
         load_start = os.getloadavg()
-        timed, on_phase = _timing_journal(args.out, enabled=cache_root is not None)
+        timed, steps, on_phase, on_step = _timing_journal(args.out, enabled=cache_root is not None)
         result = await run_harness(
             config, llm_for, progress=lambda label: Progress(label, err, quiet=args.quiet), timed=timed,
-            on_phase=on_phase,
+            on_phase=on_phase, steps=steps, on_step=on_step,
         )  # fmt: skip
         load_end = os.getloadavg()
 

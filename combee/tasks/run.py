@@ -22,14 +22,20 @@ wall time would then be the cache's, not the model's. So the caller keeps the ti
 without the cache (``timed``, passed back in; ``on_phase`` hands each finished phase out) and a replayed phase
 reports the timing it had when the model answered it (:func:`with_timing`): the same calls, every one cached
 now, none cached then.
+
+A learning phase can also be resumed part-way, at a step (a trace for sequential, a window otherwise): the caller
+journals each step's figures while every answer so far is the model's (``on_step``), and passes the last one
+back (``steps``). If the re-run reaches that step having replayed exactly those calls from the cache, the phase
+reports the earlier wall time up to that step plus this run's wall time after it (:class:`Resumed`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from combee.errors import ContextTooSmall
@@ -47,6 +53,8 @@ __all__ = [
     "MeteredLLM",
     "PhaseStats",
     "ProgressBar",
+    "Resumed",
+    "StepTiming",
     "run_harness",
     "with_timing",
 ]
@@ -78,6 +86,7 @@ class PhaseStats:
     simulated: int = 0
     models: set[str] = field(default_factory=set)
     timed_at: str | None = None  # set when these figures are an earlier run's (see with_timing): when measured
+    resumed_after: int | None = None  # set when the first steps were timed in an earlier run (see Resumed)
 
     def add(self, response: ChatResponse) -> None:
         self.calls += 1
@@ -98,6 +107,7 @@ class PhaseStats:
             "tokens": self.prompt_tokens + self.completion_tokens,
             "simulated_answers": self.simulated,
             **({"timed_in_an_earlier_run_at": self.timed_at} if self.timed_at else {}),
+            **({"resumed_after_step": self.resumed_after} if self.resumed_after is not None else {}),
         }
 
     @classmethod
@@ -110,6 +120,7 @@ class PhaseStats:
 
         wall = doc.get("wall_s", 0.0)
         at = doc.get("timed_in_an_earlier_run_at")
+        after = doc.get("resumed_after_step")
         return cls(
             wall_s=float(wall) if isinstance(wall, (int, float)) else 0.0,
             calls=num("calls"),
@@ -118,7 +129,11 @@ class PhaseStats:
             completion_tokens=num("completion_tokens"),
             simulated=num("simulated_answers"),
             timed_at=str(at) if at else None,
+            resumed_after=int(after) if isinstance(after, int) else None,
         )
+
+    def copy(self) -> PhaseStats:
+        return replace(self, models=set(self.models))
 
 
 def with_timing(fresh: PhaseStats, earlier: PhaseStats | None, measured_at: str) -> PhaseStats:
@@ -137,10 +152,63 @@ def with_timing(fresh: PhaseStats, earlier: PhaseStats | None, measured_at: str)
         simulated=earlier.simulated,
         models=fresh.models,
         timed_at=earlier.timed_at or measured_at,
+        resumed_after=earlier.resumed_after,
     )
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """An earlier run's figures for the first ``step`` steps of a phase, every answer the model's (none cached),
+    and when they were measured."""
+
+    step: int
+    stats: PhaseStats
+    measured_at: str
+
+
+class Resumed:
+    """The figures of a learning phase resumed at a step of an earlier run.
+
+    ``at(step, fresh)`` is called after every step with this run's figures so far. When this run reaches the
+    earlier run's step having made exactly that run's calls, all of them from the cache, the replay up to there
+    is replaced by the earlier timing: wall time is the earlier run's up to the step plus this run's after it;
+    calls and tokens are this run's (a cached answer carries the usage it was served with); the calls replayed
+    up to the step are not counted as cached, since the model answered them then. In any other case (no
+    earlier timing, a different number of calls, any of them answered afresh) the figures are this run's own.
+    """
+
+    def __init__(self, earlier: StepTiming | None) -> None:
+        self.earlier = earlier
+        self._mark: PhaseStats | None = None  # this run's figures when it reached the earlier step
+
+    def at(self, step: int, fresh: PhaseStats) -> PhaseStats:
+        e = self.earlier
+        if (
+            self._mark is None
+            and e is not None
+            and step == e.step
+            and fresh.calls == fresh.cached == e.stats.calls > 0
+            and e.stats.cached == 0
+        ):
+            self._mark = fresh.copy()
+        return self.figures(fresh)
+
+    def figures(self, fresh: PhaseStats) -> PhaseStats:
+        if self._mark is None or self.earlier is None:
+            return fresh
+        mark, e = self._mark, self.earlier
+        return replace(
+            fresh,
+            wall_s=e.stats.wall_s + (fresh.wall_s - mark.wall_s),
+            cached=fresh.cached - mark.cached,
+            models=set(fresh.models),
+            timed_at=e.measured_at,
+            resumed_after=e.step,
+        )
+
+
 PhaseDone = Callable[[str, PhaseStats], None]
+StepDone = Callable[[str, int, PhaseStats], None]
 
 
 class MeteredLLM:
@@ -195,11 +263,30 @@ class _Quiet:
         pass
 
 
-def _learn_progress(bar: ProgressBar) -> Callable[[int, int, Playbook], None]:
+def _learn_progress(bar: ProgressBar, step: Callable[[int], None]) -> Callable[[int, int, Playbook], None]:
     def update(done: int, total: int, playbook: Playbook) -> None:
+        step(done)
         bar.update(done, total, f"{len(playbook.bullets)} bullets")
 
     return update
+
+
+def _since(clock: Callable[[], float], t0: float) -> float:
+    return clock() - t0
+
+
+def _stepper(
+    name: str, stats: PhaseStats, resumed: Resumed, elapsed: Callable[[], float], on_step: StepDone | None
+) -> Callable[[int], None]:
+    """After each step of a learning phase: its figures so far, resumed if they can be, handed to ``on_step``."""
+
+    def step(n: int) -> None:
+        stats.wall_s = elapsed()
+        figures = resumed.at(n, stats)
+        if on_step is not None:
+            on_step(name, n, figures)
+
+    return step
 
 
 async def run_harness(
@@ -210,6 +297,8 @@ async def run_harness(
     clock: Callable[[], float] = time.monotonic,
     timed: Mapping[str, tuple[PhaseStats, str]] | None = None,
     on_phase: PhaseDone | None = None,
+    steps: Mapping[str, StepTiming] | None = None,
+    on_step: StepDone | None = None,
 ) -> HarnessResult:
     """Run the three phases (module docstring) and return everything they produced, uncut.
 
@@ -253,20 +342,25 @@ async def run_harness(
     learned: dict[str, LearnResult] = {}
     failed: dict[str, str] = {}
     for method, learn_config in config.methods.items():
-        stats = phases.setdefault(f"learn-{method}", PhaseStats())
+        name = f"learn-{method}"
+        stats = phases.setdefault(name, PhaseStats())
+        resumed = Resumed((steps or {}).get(name))
         p = bar(f"learning ({method})")
         t0 = clock()
+
+        step = _stepper(name, stats, resumed, functools.partial(_since, clock, t0), on_step)
         try:
-            async with llm_for(f"learn-{method}") as llm:
+            async with llm_for(name) as llm:
                 learned[method] = await learn(
-                    traces, MeteredLLM(llm, stats), learn_config, progress=_learn_progress(p), clock=clock
+                    traces, MeteredLLM(llm, stats), learn_config, progress=_learn_progress(p, step), clock=clock
                 )
         except ContextTooSmall as exc:  # this method's calls do not fit the model; the others may
             failed[method] = f"{exc} (serve a larger context per slot, or use a smaller --batch-size)"
         finally:
             stats.wall_s = clock() - t0
             p.close()
-        done(f"learn-{method}")
+        phases[name] = resumed.figures(stats)
+        done(name)
 
     # 3. evaluate the empty playbook and every learned one on the same test questions
     playbooks = {BASELINE: empty, **{m: r.playbook for m, r in learned.items()}}

@@ -13,10 +13,10 @@ from combee.cli import main
 from combee.cli.task import display_url
 from combee.engine import Method, MethodConfig
 from combee.learner import LearnConfig
-from combee.llm import LLM, ChatRequest, Role
+from combee.llm import LLM, ChatRequest, ChatResponse, Role
 from combee.tasks.data import Question, default_data_dir
 from combee.tasks.report import document, markdown, write_plot
-from combee.tasks.run import BASELINE, HarnessConfig, PhaseStats, run_harness, with_timing
+from combee.tasks.run import BASELINE, HarnessConfig, PhaseStats, Resumed, StepTiming, run_harness, with_timing
 from tests.fakes import ScriptedLLM, block_lines, echo_script
 
 QUESTIONS = [Question(f"q:{i}", f"Question {i}: what is {i} + {i}? Answer:", f"{2 * i}.0") for i in range(1, 9)]
@@ -224,3 +224,93 @@ def test_a_replayed_phase_reports_the_timing_of_the_run_that_filled_the_cache() 
     assert with_timing(partly, earlier, "t") is partly  # half the answers are the model's: its own timing
     assert with_timing(replay, PhaseStats(wall_s=1.0, calls=4, cached=1), "t") is replay  # not a model timing
     assert with_timing(replay, PhaseStats(wall_s=1.0, calls=5), "t") is replay  # other calls: another phase
+
+
+class _Stop(Exception):
+    """Stands for the operator stopping a long run part-way."""
+
+
+class _Cached:
+    """A scripted model behind a response cache shared across runs: a request answered before comes back
+    marked cached, as :class:`combee.llm_openai.ResponseCache` marks its hits."""
+
+    def __init__(self, seen: dict[str, object]) -> None:
+        self.seen = seen
+        self.inner = ScriptedLLM(_script)
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        key = request.model_dump_json()
+        if key in self.seen:
+            return self.inner_response(key).model_copy(update={"cached": True})
+        response = await self.inner.complete(request)
+        self.seen[key] = response
+        return response
+
+    def inner_response(self, key: str) -> ChatResponse:
+        response = self.seen[key]
+        assert isinstance(response, ChatResponse)
+        return response
+
+
+async def _learn_sequential(
+    seen: dict[str, object], *, steps: dict[str, StepTiming] | None = None, stop_at: int | None = None
+) -> tuple[dict[int, PhaseStats], PhaseStats | None]:
+    @contextlib.asynccontextmanager
+    async def llm_for(phase: str) -> AsyncIterator[LLM]:
+        yield _Cached(seen)
+
+    recorded: dict[int, PhaseStats] = {}
+
+    def on_step(name: str, step: int, stats: PhaseStats) -> None:
+        recorded[step] = stats.copy()
+        if step == stop_at:
+            raise _Stop
+
+    methods = {"sequential": LearnConfig(MethodConfig(method=Method.SEQUENTIAL), batch_size=1)}
+    config = HarnessConfig(task="formula", train=QUESTIONS[:4], test=QUESTIONS[4:5], methods=methods)
+    ticks = iter(range(0, 1_000_000, 10))
+    try:
+        result = await run_harness(config, llm_for, clock=lambda: float(next(ticks)), steps=steps, on_step=on_step)
+    except _Stop:
+        return recorded, None
+    return recorded, result.phases["learn-sequential"]
+
+
+async def test_a_learning_phase_stopped_part_way_resumes_with_the_timing_of_its_first_steps() -> None:
+    seen: dict[str, object] = {}
+    first, _ = await _learn_sequential(seen, stop_at=2)  # stopped after the second trace
+    assert sorted(first) == [1, 2] and first[2].cached == 0 and first[2].calls > first[1].calls
+    earlier = StepTiming(2, first[2], "2026-12-01T18:00:00Z")
+
+    steps, got = await _learn_sequential(seen, steps={"learn-sequential": earlier})
+    assert got is not None and steps[2].resumed_after == 2
+    fresh_after = steps[4].calls - steps[2].calls
+    # the first two traces: the earlier run's time; the last two: this run's; no answer counted as cached
+    assert got.resumed_after == 2 and got.timed_at == "2026-12-01T18:00:00Z"
+    assert got.cached == 0 and got.calls == first[2].calls + fresh_after
+    # this run's clock ticks 10 per reading; its time after step 2 is added to the earlier 2 steps' time
+    assert first[2].wall_s < got.wall_s < first[2].wall_s + got.calls * 100
+    assert PhaseStats.from_dict(got.as_dict()).resumed_after == 2
+
+
+async def test_a_resume_that_does_not_replay_exactly_the_earlier_calls_is_timed_afresh() -> None:
+    seen: dict[str, object] = {}
+    first, _ = await _learn_sequential(seen, stop_at=2)
+    for wrong in (
+        StepTiming(2, PhaseStats(wall_s=99.0, calls=first[2].calls + 1), "t"),  # other calls: not that run
+        StepTiming(2, PhaseStats(wall_s=99.0, calls=first[2].calls, cached=1), "t"),  # itself partly a replay
+        StepTiming(3, first[2], "t"),  # that step was not answered from the cache
+    ):
+        _, got = await _learn_sequential(dict(seen), steps={"learn-sequential": wrong})
+        assert got is not None and got.resumed_after is None and got.timed_at is None
+        assert got.cached == first[2].calls  # the replayed answers count as cached
+
+
+def test_resumed_figures_are_the_earlier_steps_plus_what_followed() -> None:
+    earlier = StepTiming(2, PhaseStats(wall_s=3000.0, calls=4), "t0")
+    resumed = Resumed(earlier)
+    mark = PhaseStats(wall_s=0.5, calls=4, cached=4, prompt_tokens=40)
+    assert resumed.at(1, PhaseStats(wall_s=0.2, calls=2, cached=2)).resumed_after is None  # not there yet
+    assert resumed.at(2, mark).wall_s == 3000.0
+    end = resumed.figures(PhaseStats(wall_s=100.5, calls=6, cached=4, prompt_tokens=60))
+    assert (end.wall_s, end.calls, end.cached, end.prompt_tokens, end.timed_at) == (3100.0, 6, 0, 60, "t0")
