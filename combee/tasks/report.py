@@ -124,7 +124,14 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
         "served_models": sorted({m for s in result.phases.values() for m in s.models}),
         "context_tokens": result.context_tokens,
         "cached_calls": cached,
-        "timed_in_earlier_runs": {n: s.timed_at for n, s in sorted(result.phases.items()) if s.timed_at},
+        "timed_in_earlier_runs": {
+            n: s.timed_at for n, s in sorted(result.phases.items()) if s.timed_at and s.resumed_after is None
+        },
+        "resumed_phases": {
+            n: {"after_step": s.resumed_after, "first_steps_timed_at": s.timed_at}
+            for n, s in sorted(result.phases.items())
+            if s.resumed_after is not None
+        },
         "wall_s": round(result.wall_s, 3),
     }
 
@@ -212,7 +219,13 @@ def markdown(doc: Mapping[str, Any]) -> str:
             "Timed in an earlier run of this command, whose answers this run replayed from the response cache "
             "(the figures shown are that run's): " + ", ".join(f"{phase} ({at})" for phase, at in earlier.items()) + "."
         )
-    resumed = " (this run only)" if earlier else ""
+    for phase, how in (doc.get("resumed_phases") or {}).items():
+        lines.append(
+            f"{phase} was resumed: its first {how['after_step']} steps were timed in an earlier run of this command "
+            f"({how['first_steps_timed_at']}), which this run replayed from the response cache; the steps after "
+            "them were timed in this run. Its wall time is the sum."
+        )
+    resumed = " (this run only)" if earlier or doc.get("resumed_phases") else ""
     lines += [
         f"Intervals: percentile bootstrap over test questions ({doc['bootstrap']['resamples']} resamples, seed "
         f"{doc['bootstrap']['seed']}); Δ is paired (same resamples). Total wall time{resumed} {doc['wall_s']:.0f} s.",

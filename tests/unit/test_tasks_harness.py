@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,16 @@ from combee.learner import LearnConfig
 from combee.llm import LLM, ChatRequest, ChatResponse, Role
 from combee.tasks.data import Question, default_data_dir
 from combee.tasks.report import document, markdown, write_plot
-from combee.tasks.run import BASELINE, HarnessConfig, PhaseStats, Resumed, StepTiming, run_harness, with_timing
+from combee.tasks.run import (
+    BASELINE,
+    HarnessConfig,
+    HarnessResult,
+    PhaseStats,
+    Resumed,
+    StepTiming,
+    run_harness,
+    with_timing,
+)
 from tests.fakes import ScriptedLLM, block_lines, echo_script
 
 QUESTIONS = [Question(f"q:{i}", f"Question {i}: what is {i} + {i}? Answer:", f"{2 * i}.0") for i in range(1, 9)]
@@ -234,31 +243,38 @@ class _Cached:
     """A scripted model behind a response cache shared across runs: a request answered before comes back
     marked cached, as :class:`combee.llm_openai.ResponseCache` marks its hits."""
 
-    def __init__(self, seen: dict[str, object]) -> None:
+    def __init__(self, seen: dict[str, ChatResponse]) -> None:
         self.seen = seen
         self.inner = ScriptedLLM(_script)
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         key = request.model_dump_json()
         if key in self.seen:
-            return self.inner_response(key).model_copy(update={"cached": True})
+            return self.seen[key].model_copy(update={"cached": True})
         response = await self.inner.complete(request)
         self.seen[key] = response
         return response
 
-    def inner_response(self, key: str) -> ChatResponse:
-        response = self.seen[key]
-        assert isinstance(response, ChatResponse)
-        return response
 
-
-async def _learn_sequential(
-    seen: dict[str, object], *, steps: dict[str, StepTiming] | None = None, stop_at: int | None = None
-) -> tuple[dict[int, PhaseStats], PhaseStats | None]:
+async def _harness(
+    seen: dict[str, ChatResponse],
+    *,
+    steps: dict[str, StepTiming] | None = None,
+    on_step: Callable[[str, int, PhaseStats], None] | None = None,
+) -> HarnessResult:
     @contextlib.asynccontextmanager
     async def llm_for(phase: str) -> AsyncIterator[LLM]:
         yield _Cached(seen)
 
+    methods = {"sequential": LearnConfig(MethodConfig(method=Method.SEQUENTIAL), batch_size=1)}
+    config = HarnessConfig(task="formula", train=QUESTIONS[:4], test=QUESTIONS[4:5], methods=methods)
+    ticks = iter(range(0, 1_000_000, 10))
+    return await run_harness(config, llm_for, clock=lambda: float(next(ticks)), steps=steps, on_step=on_step)
+
+
+async def _learn_sequential(
+    seen: dict[str, ChatResponse], *, steps: dict[str, StepTiming] | None = None, stop_at: int | None = None
+) -> tuple[dict[int, PhaseStats], PhaseStats | None]:
     recorded: dict[int, PhaseStats] = {}
 
     def on_step(name: str, step: int, stats: PhaseStats) -> None:
@@ -266,18 +282,15 @@ async def _learn_sequential(
         if step == stop_at:
             raise _Stop
 
-    methods = {"sequential": LearnConfig(MethodConfig(method=Method.SEQUENTIAL), batch_size=1)}
-    config = HarnessConfig(task="formula", train=QUESTIONS[:4], test=QUESTIONS[4:5], methods=methods)
-    ticks = iter(range(0, 1_000_000, 10))
     try:
-        result = await run_harness(config, llm_for, clock=lambda: float(next(ticks)), steps=steps, on_step=on_step)
+        result = await _harness(seen, steps=steps, on_step=on_step)
     except _Stop:
         return recorded, None
     return recorded, result.phases["learn-sequential"]
 
 
 async def test_a_learning_phase_stopped_part_way_resumes_with_the_timing_of_its_first_steps() -> None:
-    seen: dict[str, object] = {}
+    seen: dict[str, ChatResponse] = {}
     first, _ = await _learn_sequential(seen, stop_at=2)  # stopped after the second trace
     assert sorted(first) == [1, 2] and first[2].cached == 0 and first[2].calls > first[1].calls
     earlier = StepTiming(2, first[2], "2026-12-01T18:00:00Z")
@@ -293,8 +306,21 @@ async def test_a_learning_phase_stopped_part_way_resumes_with_the_timing_of_its_
     assert PhaseStats.from_dict(got.as_dict()).resumed_after == 2
 
 
+async def test_the_report_says_which_phase_was_resumed_and_where() -> None:
+    seen: dict[str, ChatResponse] = {}
+    first, _ = await _learn_sequential(seen, stop_at=3)
+    result = await _harness(seen, steps={"learn-sequential": StepTiming(3, first[3], "2026-12-01T18:00:00Z")})
+    doc = document(result, {"task": "formula", "simulated": False, "model": "m", "endpoint": "e", "seed": 0,
+                             "batch_size": 1}, resamples=20)  # fmt: skip
+    assert doc["resumed_phases"] == {
+        "learn-sequential": {"after_step": 3, "first_steps_timed_at": "2026-12-01T18:00:00Z"}
+    }
+    assert "learn-sequential" not in doc["timed_in_earlier_runs"]
+    assert "learn-sequential was resumed: its first 3 steps" in markdown(doc)
+
+
 async def test_a_resume_that_does_not_replay_exactly_the_earlier_calls_is_timed_afresh() -> None:
-    seen: dict[str, object] = {}
+    seen: dict[str, ChatResponse] = {}
     first, _ = await _learn_sequential(seen, stop_at=2)
     for wrong in (
         StepTiming(2, PhaseStats(wall_s=99.0, calls=first[2].calls + 1), "t"),  # other calls: not that run
