@@ -32,7 +32,6 @@ reports the earlier wall time up to that step plus this run's wall time after it
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -271,17 +270,13 @@ def _learn_progress(bar: ProgressBar, step: Callable[[int], None]) -> Callable[[
     return update
 
 
-def _since(clock: Callable[[], float], t0: float) -> float:
-    return clock() - t0
-
-
 def _stepper(
-    name: str, stats: PhaseStats, resumed: Resumed, elapsed: Callable[[], float], on_step: StepDone | None
+    name: str, stats: PhaseStats, resumed: Resumed, clock: Callable[[], float], t0: float, on_step: StepDone | None
 ) -> Callable[[int], None]:
     """After each step of a learning phase: its figures so far, resumed if they can be, handed to ``on_step``."""
 
     def step(n: int) -> None:
-        stats.wall_s = elapsed()
+        stats.wall_s = clock() - t0
         figures = resumed.at(n, stats)
         if on_step is not None:
             on_step(name, n, figures)
@@ -347,8 +342,7 @@ async def run_harness(
         resumed = Resumed((steps or {}).get(name))
         p = bar(f"learning ({method})")
         t0 = clock()
-
-        step = _stepper(name, stats, resumed, functools.partial(_since, clock, t0), on_step)
+        step = _stepper(name, stats, resumed, clock, t0, on_step)
         try:
             async with llm_for(name) as llm:
                 learned[method] = await learn(
