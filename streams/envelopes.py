@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from combee.engine import ShuffleKey
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
 
 __all__ = [
@@ -78,7 +79,11 @@ class GroupTask(_Envelope):
 
 
 class WindowPlan(_Envelope):
-    """Sent to the combiner when a window is mapped: what to expect and what to apply besides the ops."""
+    """Sent to the combiner when a window is mapped: what to expect and what to apply besides the ops.
+
+    ``groups``, ``tree``, ``roots`` and ``unite`` lay out the window's reduce (:class:`combee.plan.Forest`):
+    the paper's shape is one tree whose root is the delta; a keyed shape is one tree per section, or bare
+    groups, whose roots are united."""
 
     schema_: Literal["combee.plan/1"] = Field(default="combee.plan/1", alias="schema")
     window_id: str
@@ -96,6 +101,15 @@ class WindowPlan(_Envelope):
     tree: tuple[tuple[tuple[int, ...], ...], ...] = Field(
         description="merge levels: tree[i][j] lists the children (nodes of level i+1) of node j of level i+2"
     )
+    shape: ShuffleKey = Field(
+        default="none", description="the reduce's shape (combee.engine.SHUFFLE_KEYS); none before shapes existed"
+    )
+    roots: tuple[tuple[int, int], ...] = Field(
+        default=(),
+        description="the nodes (level, index) whose operations make the window's delta, in order; "
+        "empty: the last level's one node (plans written before reduce shapes)",
+    )
+    unite: bool = Field(default=False, description="the roots' operations united (exact duplicates dropped)")
     tag_counts: dict[str, tuple[int, int]]
     closed_at: float
     mapped_at: float

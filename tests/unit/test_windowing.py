@@ -134,3 +134,32 @@ def test_tracker_single_group_and_empty():
     assert t.result() == ops("a")
     assert ReduceTracker(0, ()).result() == ()
     assert t.add(1, 5, ops("z")) is False and t.add(2, 0, ops("z")) is False
+
+
+def test_tracker_unites_the_roots_of_a_forest_in_order():
+    # two classes: groups 0-2 merged by (2, 0); group 3 alone is its class's root
+    t = ReduceTracker(4, (((0, 1, 2),),), roots=((2, 0), (1, 3)), unite=True)
+    t.add(1, 3, ops("d", "a"))
+    for g in (0, 1, 2):
+        t.add(1, g, ops(str(g)))
+    (node,) = t.ready()
+    assert (node.level, node.index) == (2, 0)
+    assert t.result() is None  # a root is missing
+    t.add(2, 0, ops("a", "b", "A."))
+    assert t.result() == ops("a", "b", "d")  # roots in order, exact duplicates (after normalising) dropped
+
+
+def test_tracker_without_merges_unites_its_groups():
+    t = ReduceTracker(3, (), roots=((1, 0), (1, 1), (1, 2)), unite=True)
+    t.add(1, 2, ops("c"))
+    t.add(1, 0, ops("a", "c"))
+    assert t.ready() == [] and t.result() is None
+    t.add(1, 1, ops("b"))
+    assert t.result() == ops("a", "c", "b")
+
+
+def test_tracker_refuses_roots_the_plan_does_not_have():
+    with pytest.raises(ValueError):
+        ReduceTracker(2, (), roots=((1, 2),), unite=True)
+    with pytest.raises(ValueError):
+        ReduceTracker(2, (), roots=((1, 0), (1, 1)), unite=False)
