@@ -75,8 +75,9 @@ class Method(enum.StrEnum):
 
 ShuffleKey = Literal["none", "section", "section-union"]
 SHUFFLE_KEYS: tuple[str, ...] = get_args(ShuffleKey)
-DEFAULT_SHUFFLE_KEY: ShuffleKey = "none"
-"""The default reduce shape: the paper's."""
+DEFAULT_SHUFFLE_KEY: ShuffleKey = "section-union"
+"""The default reduce shape (docs/benchmarks.md, issue 12: under the gpu profile, SIMULATED, it keeps 0.93x
+sequential's retention at merge factor 1, where the paper's shape keeps 0.17x)."""
 
 
 def reflection_key(reflection: Reflection) -> str:
@@ -95,7 +96,7 @@ class MethodConfig:
     group_factor: float = 1.0
     # The reduce's shape: "none" = the paper's (one augmented shuffle over the window); "section" = a keyed
     # shuffle routing each reflection by its first insight's section, each section reduced on its own and the
-    # sections' deltas united; "section-union" = the same with no merge call (partials united
+    # sections' deltas united; "section-union" (the default) = the same with no merge call (partials united
     # within a key too).
     shuffle_key: str = DEFAULT_SHUFFLE_KEY
     parse_attempts: int = 3
