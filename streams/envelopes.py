@@ -183,6 +183,9 @@ class DeltaRecord(_Envelope):
     closed_at: float | None = None
     applied_at: float
     critical_path_s: float = 0.0
+    shape: ShuffleKey = Field(
+        default="none", description="the reduce shape the window was learned with (a replay uses the same)"
+    )
     note: str | None = None
     rollback_to: int | None = None
     playbook: Playbook | None = Field(default=None, description="the resulting playbook, for rollback records")

@@ -116,7 +116,7 @@ async def _merge(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, node: R
     attempts = ctx.config.method.parse_attempts
     ctx.in_flight_tasks += 1
     roots = w.tracker.roots if w.tracker is not None else ()
-    final = ", a root of the window" if (node.level, node.index) in roots else ""
+    final = ", the window's last" if (node.level, node.index) in roots else ""  # a root: nothing merges it further
     log.info("merge %s/%d.%d started (%d inputs%s)", w.window_id, node.level, node.index, len(node.inputs), final)
     try:
         outcome = await ctx.retrying(
@@ -214,6 +214,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         closed_at=plan.closed_at,
         applied_at=time.time(),
         critical_path_s=_critical_path(w),
+        shape=plan.shape,
         epoch=rt.tenure.epoch,
         trace_ids=plan.trace_ids,
     )

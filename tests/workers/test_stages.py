@@ -399,6 +399,7 @@ async def test_the_stream_learns_what_the_engine_learns_from_the_same_windows(sh
     await run_until_quiet(ctx, kafka, stream, seen)
     records = [r for r in deltas(kafka, ctx.topics) if r.namespace == "alpha"]
     assert sum(r.trace_count for r in records) == 40
+    assert {r.shape for r in records} == {shape}  # the log says how each window was reduced
     streamed = ctx.snapshots.get("alpha")
     assert streamed is not None
     merges = len(llm.calls(Role.MERGER))
