@@ -54,7 +54,7 @@ class ReduceTracker:
             if not self.expects(level, index):
                 raise ValueError(f"root ({level}, {index}) is not a node of the plan")
         if len(self.roots) > 1 and not self.unite:
-            raise ValueError("several roots are united or not taken at all")
+            raise ValueError("a plan with several roots must unite them")
 
     def expects(self, level: int, index: int) -> bool:
         if level == 1:

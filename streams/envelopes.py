@@ -19,10 +19,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from combee.engine import ShuffleKey
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
+from combee.scan import ReduceTracker
 
 __all__ = [
     "Claim",
@@ -118,6 +119,12 @@ class WindowPlan(_Envelope):
     trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _reduce_is_whole(self) -> WindowPlan:
+        """A plan whose roots are not nodes of its reduce is refused at decoding (dead-lettered), never half run."""
+        ReduceTracker(self.groups, self.tree, self.roots, self.unite)  # raises ValueError
+        return self
 
 
 class Partial(_Envelope):

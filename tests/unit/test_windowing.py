@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -163,3 +165,27 @@ def test_tracker_refuses_roots_the_plan_does_not_have():
         ReduceTracker(2, (), roots=((1, 2),), unite=True)
     with pytest.raises(ValueError):
         ReduceTracker(2, (), roots=((1, 0), (1, 1)), unite=False)
+
+
+def test_a_window_plan_names_its_reduce_and_an_older_plan_still_decodes():
+    from streams.codec import CodecError, decode, encode
+    from streams.envelopes import WindowPlan
+
+    base = {
+        **dict(window_id="ns/p0/0-9", namespace="ns", seq=0, source="p0", first_offset=0, last_offset=9),
+        **dict(trace_count=10, reflections=10, base_version=0, tag_counts={}, closed_at=1.0, mapped_at=2.0),
+    }
+    united = WindowPlan(**base, groups=3, tree=(), shape="section-union", roots=((1, 0), (1, 1), (1, 2)), unite=True)
+    assert decode(encode(united)) == united
+    # written before reduce shapes existed: the paper's one tree, its root taken as it is
+    old = json.loads(encode(WindowPlan(**base, groups=4, tree=(((0, 1, 2, 3),),))))
+    for field in ("shape", "roots", "unite"):
+        old.pop(field)
+    plan = decode(json.dumps(old).encode())
+    assert isinstance(plan, WindowPlan) and plan.shape == "none"
+    assert ReduceTracker(plan.groups, plan.tree, plan.roots, plan.unite).roots == ((2, 0),)
+    # roots that are not nodes of the plan: refused at decoding (dead-lettered), never waited for
+    bad = json.loads(encode(united))
+    bad["roots"] = [[2, 0]]
+    with pytest.raises(CodecError):
+        decode(json.dumps(bad).encode())
