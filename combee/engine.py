@@ -20,15 +20,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar, get_args
 
 from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
 from combee.llm import LLM, ChatResponse, Role, context_tokens_of
 from combee.meter import Meter
 from combee.models import Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
-from combee.plan import KeyedPlan, ReducePlan, plan_keyed, plan_reduce, window_id
-from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, normalise_text
+from combee.plan import Forest, KeyedPlan, ReducePlan, flatten_keyed, flatten_reduce, plan_keyed, plan_reduce, window_id
+from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, unite_ops
 from combee.prompts import (
     DEFAULT_PROMPTS,
     RETRY_TEMPERATURES,
@@ -42,9 +42,12 @@ from combee.prompts import (
 )
 
 __all__ = [
+    "DEFAULT_SHUFFLE_KEY",
+    "SHUFFLE_KEYS",
     "CallOutcome",
     "Method",
     "MethodConfig",
+    "ShuffleKey",
     "Window",
     "WindowResult",
     "curate",
@@ -70,7 +73,11 @@ class Method(enum.StrEnum):
     NAIVE = "naive"
 
 
-SHUFFLE_KEYS = ("none", "section", "section-union")
+ShuffleKey = Literal["none", "section", "section-union"]
+SHUFFLE_KEYS: tuple[str, ...] = get_args(ShuffleKey)
+DEFAULT_SHUFFLE_KEY: ShuffleKey = "section-union"
+"""The default reduce shape (docs/benchmarks.md, issue 12: under the gpu profile, SIMULATED, it keeps 0.93x
+sequential's retention at merge factor 1, where the paper's shape keeps 0.17x)."""
 
 
 def reflection_key(reflection: Reflection) -> str:
@@ -89,8 +96,9 @@ class MethodConfig:
     group_factor: float = 1.0
     # The reduce's shape: "none" = the paper's (one augmented shuffle over the window); "section" = a keyed
     # shuffle routing each reflection by its first insight's section, each section reduced on its own and the
-    # sections' deltas united; "section-union" = the same with no merge call (partials united within a key too).
-    shuffle_key: str = "none"
+    # sections' deltas united; "section-union" (the default) = the same with no merge call (partials united
+    # within a key too).
+    shuffle_key: str = DEFAULT_SHUFFLE_KEY
     parse_attempts: int = 3
     retry_temperatures: tuple[float, ...] = RETRY_TEMPERATURES
     policy: ApplyPolicy = field(default_factory=ApplyPolicy)
@@ -116,6 +124,15 @@ class MethodConfig:
             group_factor=self.group_factor,
             merge_within_key=self.shuffle_key != "section-union",
         )
+
+    def forest(self, reflections: Sequence[Reflection], seed_key: str) -> Forest:
+        """The window's reduce laid out for the stream workers: the same groups, merges and union that
+        :func:`run_window` executes for Combee on the same reflections and seed (an empty forest for none)."""
+        if not reflections:
+            return Forest()
+        if self.shuffle_key != "none":
+            return flatten_keyed(self.plan_keyed(reflections, seed_key))
+        return flatten_reduce(self.plan(len(reflections), seed_key))
 
     def plan(self, n: int, seed_key: str) -> ReducePlan:
         return plan_reduce(
@@ -257,18 +274,6 @@ def proposals_of(partials: Sequence[Sequence[DeltaOp]]) -> list[Proposal]:
     return [Proposal(id=f"p{i + 1}", op=op) for i, op in enumerate(ops)]
 
 
-def _passthrough(partials: Sequence[Sequence[DeltaOp]]) -> tuple[DeltaOp, ...]:
-    seen: set[tuple[str, str, str]] = set()
-    out: list[DeltaOp] = []
-    for partial in partials:
-        for op in partial:
-            key = (op.op, getattr(op, "bullet_id", ""), normalise_text(getattr(op, "content", "")))
-            if key not in seen:
-                seen.add(key)
-                out.append(op)
-    return tuple(out)
-
-
 async def merge(
     partials: Sequence[Sequence[DeltaOp]],
     playbook: Playbook,
@@ -299,7 +304,7 @@ async def merge(
     outcome = await _call_parsed(llm, ask, attempts, meter, clock, temperatures)
     if outcome.value is None:
         meter.merge_fallbacks += 1
-        return CallOutcome(_passthrough(partials), outcome.service_s, outcome.attempts)
+        return CallOutcome(unite_ops(partials), outcome.service_s, outcome.attempts)
     ops, unknown = resolve_merge(proposals, outcome.value)
     meter.unknown_proposal_ids += unknown
     return CallOutcome(ops, outcome.service_s, outcome.attempts)
@@ -468,10 +473,10 @@ async def _reduce_keyed(
             return await _reduce(sub, members, playbook, llm, kw)
         groups = [[members[i] for i in group] for group in sub.groups.groups]
         outcomes = await _gather([curate(g, playbook, llm, **curate_kw) for g in groups])  # type: ignore[arg-type]
-        return _passthrough([o.value or () for o in outcomes]), max((o.service_s for o in outcomes), default=0.0)
+        return unite_ops([o.value or () for o in outcomes]), max((o.service_s for o in outcomes), default=0.0)
 
     done = await _gather([one_class(c) for c in range(len(plan.plans))])
-    return _passthrough([ops for ops, _ in done]), max((s for _, s in done), default=0.0)
+    return unite_ops([ops for ops, _ in done]), max((s for _, s in done), default=0.0)
 
 
 async def _reduce(

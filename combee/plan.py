@@ -8,6 +8,9 @@ seeded from the window's identity; the augmented list is split into ``k`` near-e
 ``max_group_items``. Level-1 partial deltas are then merged by calls taking at most ``max_fan_in`` inputs each,
 level after level, until one delta remains. With p = 2 and n ≤ 144 (defaults 24 / 12) that is two levels:
 the groups, then one merge over all partials — the paper's scheme.
+
+A keyed reduce (:func:`plan_keyed`) makes one such plan per key; :class:`Forest` lays any reduce out as one
+numbered forest, which is how the stream workers carry it between stages.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "Forest",
     "GroupPlan",
     "KeyedPlan",
     "MergeNode",
     "ReducePlan",
     "TreePlan",
     "augmented_shuffle",
+    "flatten_keyed",
+    "flatten_reduce",
     "group_count",
     "plan_groups",
     "plan_keyed",
@@ -240,3 +246,61 @@ def plan_keyed(
         for c, m in zip(classes, members, strict=True)
     )
     return KeyedPlan(tuple(classes), members, plans, merge_within_key)
+
+
+@dataclass(frozen=True)
+class Forest:
+    """A window's whole reduce laid out as one forest with window-wide node numbers — what the stream workers
+    execute (the map stage sends it, the combiner runs its merges as children arrive, :mod:`combee.scan`).
+
+    ``groups[g]`` lists the reflections (indices in the window's order) of level-1 node ``(1, g)``; ``levels[i]``
+    holds the merge nodes of level ``i + 2``, whose children are nodes of the level below; ``roots`` are the
+    nodes whose outputs make the window's delta, in order. With ``unite`` false there is exactly one root and its
+    operations are the delta as they are (the paper's reduce); with ``unite`` true the roots' operations are
+    united, exact duplicates dropped (:func:`combee.playbook.unite_ops`), as a keyed reduce unites its classes.
+    """
+
+    groups: tuple[tuple[int, ...], ...] = ()
+    levels: tuple[tuple[MergeNode, ...], ...] = ()
+    roots: tuple[tuple[int, int], ...] = ()
+    unite: bool = False
+
+    @property
+    def merge_calls(self) -> int:
+        return sum(len(level) for level in self.levels)
+
+
+def flatten_reduce(plan: ReducePlan) -> Forest:
+    """The paper's reduce as a forest: one tree, its root's operations taken as they are."""
+    if plan.groups.k == 0:
+        return Forest()
+    return Forest(groups=plan.groups.groups, levels=plan.tree.levels, roots=(plan.tree.root,), unite=False)
+
+
+def flatten_keyed(plan: KeyedPlan) -> Forest:
+    """A keyed reduce as a forest: each class's groups and merge levels renumbered after the earlier classes'
+    (classes in key order), one root per class — or, without merges within a key, every group a root — united.
+
+    Uniting the roots in this order gives what :func:`combee.engine.run_window` gives for the keyed plan: it
+    unites each class's partials, then the classes, and uniting is associative when order is kept."""
+    groups: list[tuple[int, ...]] = []
+    levels: list[list[MergeNode]] = []
+    roots: list[tuple[int, int]] = []
+    for members, sub in zip(plan.members, plan.plans, strict=True):
+        first = len(groups)
+        groups.extend(tuple(members[i] for i in group) for group in sub.groups.groups)
+        if not plan.merge_within_key:
+            roots.extend((1, first + g) for g in range(sub.groups.k))
+            continue
+        below = first  # where this class's nodes start on the level below
+        for i, level_nodes in enumerate(sub.tree.levels):
+            if len(levels) <= i:
+                levels.append([])
+            start = len(levels[i])
+            levels[i].extend(
+                MergeNode(level=node.level, index=start + node.index, children=tuple(below + c for c in node.children))
+                for node in level_nodes
+            )
+            below = start
+        roots.append((sub.tree.depth, below))
+    return Forest(groups=tuple(groups), levels=tuple(tuple(level) for level in levels), roots=tuple(roots), unite=True)

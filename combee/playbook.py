@@ -24,6 +24,7 @@ from combee.models import (
     AddOp,
     Bullet,
     Delta,
+    DeltaOp,
     Playbook,
     Provenance,
     Reflection,
@@ -47,6 +48,7 @@ __all__ = [
     "normalise_text",
     "playbook_tokens",
     "render_prompt",
+    "unite_ops",
 ]
 
 _PUNCT_RE = re.compile(r"[^\w\s]+")
@@ -58,6 +60,20 @@ def normalise_text(text: str) -> str:
     folded = unicodedata.normalize("NFKD", text)
     folded = "".join(c for c in folded if not unicodedata.combining(c)).casefold()
     return _SPACE_RE.sub(" ", _PUNCT_RE.sub(" ", folded)).strip()
+
+
+def unite_ops(partials: Iterable[Sequence[DeltaOp]]) -> tuple[DeltaOp, ...]:
+    """The partials' operations in order, each exact duplicate (same kind, bullet and normalised content) after
+    its first dropped. Associative when order is kept: uniting united parts gives the same as uniting them all."""
+    seen: set[tuple[str, str, str]] = set()
+    out: list[DeltaOp] = []
+    for partial in partials:
+        for op in partial:
+            key = (op.op, getattr(op, "bullet_id", ""), normalise_text(getattr(op, "content", "")))
+            if key not in seen:
+                seen.add(key)
+                out.append(op)
+    return tuple(out)
 
 
 class Deduplicator(Protocol):

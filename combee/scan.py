@@ -1,9 +1,11 @@
-"""Incremental execution of one window's reduce tree, as partial deltas arrive in any order (pure).
+"""Incremental execution of one window's reduce, as partial deltas arrive in any order (pure).
 
-The tree is fixed by the plan (:func:`combee.plan.plan_tree`), so the result does not depend on arrival
-order: a merge node becomes *ready* the moment all of its own children are present — merges start while
-other groups are still being curated (stragglers overlap with merging) — and its inputs are always taken in
-child-index order. Adding the same partial twice is a no-op (partials are idempotent per (level, index)).
+The reduce is fixed by the plan (a :class:`combee.plan.Forest`: one tree for the paper's shape, one per
+section for a keyed one, or bare groups united), so the result does not depend on arrival order: a merge
+node becomes *ready* the moment all of its own children are present — merges start while other groups are
+still being curated (stragglers overlap with merging) — and its inputs are always taken in child-index
+order; the window's operations are its roots', in order (united when the plan says so). Adding the same
+partial twice is a no-op (partials are idempotent per (level, index)).
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from combee.models import DeltaOp
-from combee.plan import TreePlan
+from combee.plan import Forest, TreePlan
+from combee.playbook import unite_ops
 
 __all__ = ["ReadyNode", "ReduceTracker", "tree_shape"]
 
 Shape = tuple[tuple[tuple[int, ...], ...], ...]
 
 
-def tree_shape(tree: TreePlan) -> Shape:
-    """The serialisable shape of a tree: ``shape[i][j]`` = children of node j at level i + 2."""
+def tree_shape(tree: TreePlan | Forest) -> Shape:
+    """The serialisable shape of a tree or forest: ``shape[i][j]`` = children of node j at level i + 2."""
     return tuple(tuple(node.children for node in level) for level in tree.levels)
 
 
@@ -33,14 +36,25 @@ class ReadyNode:
 
 @dataclass
 class ReduceTracker:
+    """``groups`` level-1 nodes, merge levels ``shape``, and the ``roots`` whose operations make the window's
+    delta (united when ``unite``). No roots: the last level's one node, taken as it is (plans written before
+    reduce shapes existed). Raises ValueError for a root the shape does not have."""
+
     groups: int
     shape: Shape
+    roots: tuple[tuple[int, int], ...] = ()
+    unite: bool = False
     _have: dict[tuple[int, int], tuple[DeltaOp, ...]] = field(default_factory=dict)
     _started: set[tuple[int, int]] = field(default_factory=set)
 
-    @property
-    def root_key(self) -> tuple[int, int]:
-        return (1 + len(self.shape), 0)
+    def __post_init__(self) -> None:
+        if not self.roots and self.groups:
+            self.roots = ((1 + len(self.shape), 0),)
+        for level, index in self.roots:
+            if not self.expects(level, index):
+                raise ValueError(f"root ({level}, {index}) is not a node of the plan")
+        if len(self.roots) > 1 and not self.unite:
+            raise ValueError("a plan with several roots must unite them")
 
     def expects(self, level: int, index: int) -> bool:
         if level == 1:
@@ -81,10 +95,14 @@ class ReduceTracker:
             self._started.discard((level, index))
 
     def result(self) -> tuple[DeltaOp, ...] | None:
-        """The window's operations once the root is present (empty for a window with no groups)."""
+        """The window's operations once every root is present (empty for a window with no groups)."""
         if self.groups == 0:
             return ()
-        return self._have.get(self.root_key)
+        if any(root not in self._have for root in self.roots):
+            return None
+        if self.unite:
+            return unite_ops(self._have[root] for root in self.roots)
+        return self._have[self.roots[0]]
 
     @property
     def missing_groups(self) -> int:

@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from combee.dedup import DEFAULT_THRESHOLD
+from combee.engine import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.llm import DEFAULT_REASONING_MODELS, Role
 
 __all__ = ["Settings"]
@@ -54,6 +55,9 @@ class Settings(BaseSettings):
     p: int = Field(default=2, ge=1, le=8)
     max_group_items: int = Field(default=24, ge=2)
     max_fan_in: int = Field(default=12, ge=2)
+    # The reduce's shape (docs/benchmarks.md): section-union routes reflections by section and unites the
+    # sections' and groups' partial deltas with no merge call; none is the paper's (one shuffle, merge calls).
+    reduce_shape: ShuffleKey = DEFAULT_SHUFFLE_KEY
     parse_attempts: int = Field(default=3, ge=1)
     token_budget: int = Field(default=24_000, ge=64)
 

@@ -152,13 +152,14 @@ def build_near_duplicates(settings: Settings, *, log: Callable[[str], object] | 
 
 
 def method_config(settings: Settings, method: str, group_factor: float = 1.0) -> MethodConfig:
-    """The method's knobs (``p``, group and fan-in bounds, parse attempts, token budget) for ``method``."""
+    """The method's knobs (``p``, group and fan-in bounds, the reduce's shape, parse attempts, token budget)."""
     return MethodConfig(
         method=Method(method),
         p=settings.p,
         max_group_items=settings.max_group_items,
         max_fan_in=settings.max_fan_in,
         group_factor=group_factor,
+        shuffle_key=settings.reduce_shape,
         parse_attempts=settings.parse_attempts,
         policy=ApplyPolicy(token_budget=settings.token_budget),
     )

@@ -19,9 +19,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from combee.engine import ShuffleKey
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
+from combee.scan import ReduceTracker
 
 __all__ = [
     "Claim",
@@ -78,7 +80,11 @@ class GroupTask(_Envelope):
 
 
 class WindowPlan(_Envelope):
-    """Sent to the combiner when a window is mapped: what to expect and what to apply besides the ops."""
+    """Sent to the combiner when a window is mapped: what to expect and what to apply besides the ops.
+
+    ``groups``, ``tree``, ``roots`` and ``unite`` lay out the window's reduce (:class:`combee.plan.Forest`):
+    the paper's shape is one tree whose root is the delta; a keyed shape is one tree per section, or bare
+    groups, whose roots are united."""
 
     schema_: Literal["combee.plan/1"] = Field(default="combee.plan/1", alias="schema")
     window_id: str
@@ -96,6 +102,15 @@ class WindowPlan(_Envelope):
     tree: tuple[tuple[tuple[int, ...], ...], ...] = Field(
         description="merge levels: tree[i][j] lists the children (nodes of level i+1) of node j of level i+2"
     )
+    shape: ShuffleKey = Field(
+        default="none", description="the reduce's shape (combee.engine.SHUFFLE_KEYS); none before shapes existed"
+    )
+    roots: tuple[tuple[int, int], ...] = Field(
+        default=(),
+        description="the nodes (level, index) whose operations make the window's delta, in order; "
+        "empty: the last level's one node (plans written before reduce shapes)",
+    )
+    unite: bool = Field(default=False, description="the roots' operations united (exact duplicates dropped)")
     tag_counts: dict[str, tuple[int, int]]
     closed_at: float
     mapped_at: float
@@ -104,6 +119,12 @@ class WindowPlan(_Envelope):
     trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _reduce_is_whole(self) -> WindowPlan:
+        """A plan whose roots are not nodes of its reduce is refused at decoding (dead-lettered), never half run."""
+        ReduceTracker(self.groups, self.tree, self.roots, self.unite)  # raises ValueError
+        return self
 
 
 class Partial(_Envelope):
@@ -169,6 +190,9 @@ class DeltaRecord(_Envelope):
     closed_at: float | None = None
     applied_at: float
     critical_path_s: float = 0.0
+    shape: ShuffleKey = Field(
+        default="none", description="the reduce shape the window was learned with (a replay uses the same)"
+    )
     note: str | None = None
     rollback_to: int | None = None
     playbook: Playbook | None = Field(default=None, description="the resulting playbook, for rollback records")

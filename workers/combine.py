@@ -71,7 +71,7 @@ async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
                 return
             if w.plan is None:
                 w.plan = env
-                w.tracker = ReduceTracker(env.groups, env.tree)
+                w.tracker = ReduceTracker(env.groups, env.tree, env.roots, env.unite)
                 rt.by_seq[env.seq] = env.window_id
                 for level, index, ops in w.early:
                     w.tracker.add(level, index, ops)
@@ -115,7 +115,8 @@ async def _merge(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, node: R
     meter = Meter()
     attempts = ctx.config.method.parse_attempts
     ctx.in_flight_tasks += 1
-    final = ", the window's last" if node.level == len(w.plan.tree) + 1 else ""
+    roots = w.tracker.roots if w.tracker is not None else ()
+    final = ", the window's last" if (node.level, node.index) in roots else ""  # a root: nothing merges it further
     log.info("merge %s/%d.%d started (%d inputs%s)", w.window_id, node.level, node.index, len(node.inputs), final)
     try:
         outcome = await ctx.retrying(
@@ -168,15 +169,17 @@ async def _offer_again(ctx: StageContext, rt: NamespaceRuntime, delay_s: float) 
 
 
 def _critical_path(w: OpenWindow) -> float:
-    """Map time plus the longest chain of service times through the reduce tree."""
+    """Map time plus the longest chain of service times through the reduce (a tree, or a forest's longest)."""
     assert w.plan is not None and w.tracker is not None
     level_cost = [w.service.get((1, g), 0.0) for g in range(w.plan.groups)]
+    longest = max(level_cost, default=0.0)
     for i, level in enumerate(w.plan.tree):
         level_cost = [
             w.service.get((i + 2, j), 0.0) + max((level_cost[c] for c in children), default=0.0)
             for j, children in enumerate(level)
         ]
-    return w.plan.map_service_s + (max(level_cost) if level_cost else 0.0)
+        longest = max(longest, *level_cost) if level_cost else longest
+    return w.plan.map_service_s + longest
 
 
 async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> bool:
@@ -211,6 +214,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         closed_at=plan.closed_at,
         applied_at=time.time(),
         critical_path_s=_critical_path(w),
+        shape=plan.shape,
         epoch=rt.tenure.epoch,
         trace_ids=plan.trace_ids,
     )

@@ -1,4 +1,4 @@
-"""Map stage: windows in; reflections, tags, shuffle and group plan out (to the curate workers and combiner).
+"""Map stage: windows in; reflections, tags, shuffle and reduce plan out (to the curate workers and combiner).
 
 Acceptance (dedup and sequence numbers) is decided by :func:`combee.windowing.accept_window` and recorded in
 the map-state table before any LLM work. Each namespace's windows are then mapped in order by one task,
@@ -158,8 +158,8 @@ async def _map_one(
     else:
         reflections, meter, map_s = await ctx.retrying(f"map {acc.window_id}", reflect_all, Role.REFLECTOR)
         ctx.metrics.llm_usage(meter)
-    plan = method.plan(len(reflections), env.seed_key) if reflections else None
-    groups = plan.groups.groups if plan else ()
+    forest = method.forest(reflections, env.seed_key)
+    groups = forest.groups
     for index, members in enumerate(groups):
         task = GroupTask(
             window_id=acc.window_id,
@@ -183,7 +183,10 @@ async def _map_one(
         reflections=len(reflections),
         base_version=playbook.version,
         groups=len(groups),
-        tree=tree_shape(plan.tree) if plan else (),
+        tree=tree_shape(forest),
+        shape=method.shuffle_key,
+        roots=forest.roots,
+        unite=forest.unite,
         tag_counts=count_tags(reflections),
         closed_at=env.closed_at,
         mapped_at=time.time(),
@@ -194,8 +197,8 @@ async def _map_one(
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)
     ctx.metrics.window_mapped(rt.namespace, window_plan.mapped_at - env.closed_at)
     log.info(
-        "mapped window %s (seq %d, v%d): %d reflections -> %d groups in %.2fs (%.2fs after closing; slowest "
-        "reflection %.2fs)",
-        acc.window_id, acc.seq, playbook.version, len(reflections), len(groups), time.time() - started, waited,
-        map_s,
+        "mapped window %s (seq %d, v%d): %d reflections -> %d groups (%s, %d merges) in %.2fs (%.2fs after "
+        "closing; slowest reflection %.2fs)",
+        acc.window_id, acc.seq, playbook.version, len(reflections), len(groups), method.shuffle_key,
+        forest.merge_calls, time.time() - started, waited, map_s,
     )  # fmt: skip

@@ -140,6 +140,12 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--p", type=positive_int, dest="dup", help="augmented shuffle duplication factor (default 2)")
     g.add_argument("--max-group-items", type=positive_int, help="reflections per level-1 group at most (default 24)")
     g.add_argument("--max-fan-in", type=positive_int, help="partial deltas per merge call at most (default 12)")
+    g.add_argument(
+        "--reduce-shape",
+        choices=["none", "section", "section-union"],
+        help="Combee's reduce: section-union (default: a keyed shuffle by section, partials united, no merge "
+        "call), section (merges within a section) or none (the paper's: one shuffle, merge calls)",
+    )
     g.add_argument("--group-factor", type=float, default=1.0, help="k = floor(factor * sqrt(n)) groups (default 1)")
     g.add_argument("--token-budget", type=positive_int, help="hard size budget of the prompt in tokens")
 
@@ -180,6 +186,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "dup": "p",
         "max_group_items": "max_group_items",
         "max_fan_in": "max_fan_in",
+        "reduce_shape": "reduce_shape",
         "token_budget": "token_budget",
     }
     try:

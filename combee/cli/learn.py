@@ -97,6 +97,7 @@ def metrics_document(result: Any, *, method: str, settings: Settings, extra: dic
             "p": settings.p,
             "max_group_items": settings.max_group_items,
             "max_fan_in": settings.max_fan_in,
+            "reduce_shape": settings.reduce_shape,
         },
         "per_iteration": [
             {

@@ -287,6 +287,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             "p": settings.p,
             "max_group_items": settings.max_group_items,
             "max_fan_in": settings.max_fan_in,
+            "reduce_shape": settings.reduce_shape,
             "token_budget": settings.token_budget,
         },
         "llm": {

@@ -452,7 +452,8 @@ def _fault_free_same_windows(obs: Observed, ns: str, seed: int) -> Playbook:
                 key, value = obs.traces[(p, o)]
                 traces.append(decode_trace(value, key))
             window = Window(ns, r.source, r.offsets[0], r.offsets[-1], tuple(traces), seed_key=r.seed_key)
-            pb = (await run_window(window, pb, llm, MethodConfig(), dedup=dedup)).playbook
+            # the reduce shape the workers used, as the log records it
+            pb = (await run_window(window, pb, llm, MethodConfig(shuffle_key=r.shape), dedup=dedup)).playbook
         return pb
 
     return asyncio.run(replay())

@@ -33,7 +33,13 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(900)]
 SLOW_SIM = {"time_scale": 1.0, "ttft_s": 2.5, "prefill_s_per_token": 0.0, "decode_tokens_per_s": 5000.0}
 #: No model call of the paused learner may time out while it is stopped: after SIGCONT its merge's answer is
 #: already in its socket, and it must finish the merge as a zombie would, not retry it.
-WORKERS = {"COMBEE_LLM_TIMEOUT_S": "300", "COMBEE_BS_DEFAULT": "8", "COMBEE_BS_CANDIDATES": "[8]"}
+#: The paper's reduce shape: the default (section-union) sends no merge call to be caught in flight.
+WORKERS = {
+    "COMBEE_LLM_TIMEOUT_S": "300",
+    "COMBEE_BS_DEFAULT": "8",
+    "COMBEE_BS_CANDIDATES": "[8]",
+    "COMBEE_REDUCE_SHAPE": "none",
+}
 TRACES_PER_NAMESPACE = 40
 STARTED = re.compile(r"merge (?P<node>(?P<wid>\S+)/\d+\.\d+) started \(\d+ inputs, the window's last\)")
 

@@ -49,6 +49,7 @@ def test_metrics_match_the_work_done(pipe: Pipeline) -> None:
     pipe.start_worker(
         COMBEE_METRICS_PORT=str(port),
         COMBEE_EMBEDDINGS="off",  # exact de-duplication: lighter, and nothing here depends on it
+        COMBEE_REDUCE_SHAPE="none",  # the paper's reduce, so that every role (the merger too) is counted
         COMBEE_LLM_PRICE_PER_1K_PROMPT="0.5",
         COMBEE_LLM_PRICE_PER_1K_COMPLETION="2",
     )

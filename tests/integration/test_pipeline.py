@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from combee.engine import MethodConfig, Window, run_window
+from combee.engine import DEFAULT_SHUFFLE_KEY, MethodConfig, Window, run_window
 from combee.models import Playbook, Trace
 from combee.playbook import render_prompt
 from combee.settings import Settings
@@ -41,7 +41,8 @@ def offline_playbook(traces: list[dict], records: list[DeltaRecord], seed: int =
         for r in records:
             chunk = tuple(parsed[order[o]] for o in r.offsets)
             window = Window(ns, "file:e0", order[r.offsets[0]], order[r.offsets[-1]], chunk, seed_key=r.seed_key)
-            playbook = (await run_window(window, playbook, llm, MethodConfig(), dedup=dedup)).playbook
+            config = MethodConfig(shuffle_key=r.shape)  # the shape the workers used, as the log says
+            playbook = (await run_window(window, playbook, llm, config, dedup=dedup)).playbook
         return playbook
 
     return asyncio.run(run())
@@ -88,6 +89,7 @@ def test_two_namespaces_learn_like_offline_and_never_mix(pipe: Pipeline) -> None
         offsets = [o for r in records for o in r.offsets]
         assert len(offsets) == len(set(offsets)) == 200
         assert [r.version for r in records] == list(range(1, len(records) + 1))
+        assert {r.shape for r in records} == {DEFAULT_SHUFFLE_KEY}  # the workers' default reduce shape
         # namespaces never mix: a playbook holds only its own world's insight keys
         playbook = pipe.published_playbook(ns)
         keys = insight_keys_in(render_prompt(playbook))

@@ -43,7 +43,7 @@ def test_learn_writes_outputs_and_call_counts_match_the_plan(sim: SimThread, tra
     out = tmp_path / "out"
     test_file = str(trace_file.with_name("t.test.jsonl"))
     done = combee("learn", "--traces", str(trace_file), "--method", "combee", "--batch-size", "20", "--out", str(out),
-                  "--quiet", "--base-url", sim.base_url, "--test", test_file)  # fmt: skip
+                  "--quiet", "--base-url", sim.base_url, "--test", test_file, "--reduce-shape", "none")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "(SIMULATED endpoint)" in done.stdout
     m = json.loads((out / "metrics.json").read_text())
@@ -51,7 +51,8 @@ def test_learn_writes_outputs_and_call_counts_match_the_plan(sim: SimThread, tra
                 "playbook_entries", "playbook_tokens", "simulated", "roles"):  # fmt: skip
         assert key in m
     assert m["simulated"] is True and m["batch_sizes"] == [20, 20, 20] and m["iterations"] == 3
-    # per iteration: n reflector calls, floor(sqrt(n)) = 4 group calls, one merge
+    assert m["method_config"]["reduce_shape"] == "none"
+    # per iteration (the paper's reduce): n reflector calls, floor(sqrt(n)) = 4 group calls, one merge
     assert [(p["reflections"], p["group_calls"], p["merge_calls"]) for p in m["per_iteration"]] == [(20, 4, 1)] * 3
     assert m["roles"]["reflector"]["calls"] == 60 and m["roles"]["curator"]["calls"] == 12
     assert m["llm_calls"] == 60 + 12 + 3

@@ -58,7 +58,7 @@ async def test_sequential_folds_an_add_into_the_existing_bullet() -> None:
 
 async def test_near_duplicate_proposals_collapse_before_the_merge_call() -> None:
     tasks = TASKS * 4  # 24 reflections: several groups, so merge calls see repeats from different groups
-    cfg = MethodConfig(max_group_items=8)
+    cfg = MethodConfig(max_group_items=8, shuffle_key="none")  # the paper's reduce: merge calls
 
     async def merged_proposals(d: NearDuplicates | None) -> int:
         llm = ScriptedLLM(echo_script)

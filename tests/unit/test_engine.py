@@ -22,7 +22,7 @@ def window(n, ns="ns"):
 @pytest.mark.parametrize("n", [1, 7, 50, 100, 144, 300])
 async def test_combee_call_counts_match_the_plan(n):
     llm = ScriptedLLM(echo_script)
-    cfg = MethodConfig()
+    cfg = MethodConfig(shuffle_key="none")  # the paper's reduce
     result = await run_window(window(n), Playbook(namespace="ns"), llm, cfg)
     plan = cfg.plan(n, window(n).id)
     assert len(llm.calls(Role.REFLECTOR)) == n
@@ -42,9 +42,10 @@ async def test_combee_call_counts_match_the_plan(n):
 
 async def test_merge_inputs_respect_fan_in_for_a_large_window():
     llm = ScriptedLLM(echo_script)
-    await run_window(window(600), Playbook(namespace="ns"), llm, MethodConfig(max_fan_in=6))
+    cfg = MethodConfig(max_fan_in=6, shuffle_key="none")
+    await run_window(window(600), Playbook(namespace="ns"), llm, cfg)
     sizes = [len(block_lines(r, "proposals")) for r in llm.calls(Role.MERGER)]
-    plan = MethodConfig(max_fan_in=6).plan(600, window(600).id)
+    plan = cfg.plan(600, window(600).id)
     assert len(sizes) == plan.tree.merge_calls and plan.tree.depth >= 3
 
 
@@ -107,7 +108,8 @@ async def test_bad_merge_answer_passes_children_through():
             return "not json"
         return echo_script(req)
 
-    result = await run_window(window(16), Playbook(namespace="ns"), ScriptedLLM(script), MethodConfig())
+    cfg = MethodConfig(shuffle_key="none")
+    result = await run_window(window(16), Playbook(namespace="ns"), ScriptedLLM(script), cfg)
     assert result.meter.merge_fallbacks == 1
     assert len(result.playbook.bullets) == 16
 
@@ -123,8 +125,21 @@ async def test_unreachable_llm_raises():
 
 async def test_critical_path_uses_service_times():
     llm = ScriptedLLM(echo_script, service_time=1.0)
-    result = await run_window(window(16), Playbook(namespace="ns"), llm, MethodConfig())
+    result = await run_window(window(16), Playbook(namespace="ns"), llm, MethodConfig(shuffle_key="none"))
     assert result.critical_path_s == pytest.approx(3.0)  # reflect, group, merge
+    united = await run_window(window(16), Playbook(namespace="ns"), ScriptedLLM(echo_script, service_time=1.0),
+                              MethodConfig())  # fmt: skip
+    assert united.critical_path_s == pytest.approx(2.0)  # the default shape: reflect, group; no merge
+
+
+def test_the_default_reduce_is_the_keyed_union() -> None:
+    from combee.engine import DEFAULT_SHUFFLE_KEY
+    from combee.settings import Settings
+    from combee.wiring import method_config
+
+    assert MethodConfig().shuffle_key == DEFAULT_SHUFFLE_KEY == "section-union"
+    assert method_config(Settings(), "combee").shuffle_key == DEFAULT_SHUFFLE_KEY  # workers and combee learn
+    assert method_config(Settings(reduce_shape="none"), "combee").shuffle_key == "none"
 
 
 async def test_learn_epochs_and_windows():

@@ -130,3 +130,56 @@ def test_a_keyed_plan_reduces_each_key_apart_and_is_seeded_per_key() -> None:
     united = plan_keyed(keys, 2, "ns/file:e0/0-7", max_group_items=2, merge_within_key=False)
     assert united.merge_calls == 0 and united.depth == 1 and united.curator_calls == plan.curator_calls
     assert plan.merge_calls > 0 and plan.depth >= 2
+
+
+def _node_classes(forest, membership):
+    """The key class of every node of a forest (level 1 from its reflections, merges from their children)."""
+    of = {(1, g): {membership[i] for i in group} for g, group in enumerate(forest.groups)}
+    for level in forest.levels:
+        for node in level:
+            of[(node.level, node.index)] = set().union(*(of[(node.level - 1, c)] for c in node.children))
+    return of
+
+
+@given(
+    keys=st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=0, max_size=120),
+    fan_in=st.integers(2, 5),
+    items=st.integers(2, 8),
+    within=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_keyed_plan_flattens_to_a_forest_of_one_tree_per_key(keys, fan_in, items, within) -> None:
+    from combee.plan import flatten_keyed, plan_keyed
+
+    keyed = plan_keyed(keys, 2, "w", max_group_items=items, max_fan_in=fan_in, merge_within_key=within)
+    forest = flatten_keyed(keyed)
+    # the same groups, class after class, each over its own key's reflections
+    expected = [
+        tuple(m[i] for i in g) for m, sub in zip(keyed.members, keyed.plans, strict=True) for g in sub.groups.groups
+    ]
+    assert list(forest.groups) == expected
+    assert forest.merge_calls == keyed.merge_calls and forest.unite
+    membership = dict(enumerate(keys))
+    classes = _node_classes(forest, membership)
+    assert all(len(c) == 1 for c in classes.values())  # no call ever sees two keys
+    children = {(n.level - 1, c) for level in forest.levels for n in level for c in n.children}
+    parentless = [node for node in classes if node not in children]
+    assert sorted(forest.roots) == sorted(parentless)  # every node feeds exactly one root
+    root_keys = [next(iter(classes[r])) for r in forest.roots]
+    assert root_keys == sorted(root_keys) and set(root_keys) == set(keys)  # united in key order
+    if within:
+        assert len(forest.roots) == len(keyed.keys)  # one tree per key
+    if not within:
+        assert forest.levels == () and len(forest.roots) == len(forest.groups)
+    for i, level in enumerate(forest.levels):  # numbered 0.. at every level, children of the level below
+        assert [n.index for n in level] == list(range(len(level))) and all(n.level == i + 2 for n in level)
+
+
+def test_the_papers_plan_is_a_forest_of_one_tree_taken_as_it_is() -> None:
+    from combee.plan import Forest, flatten_reduce
+
+    plan = plan_reduce(300, 2, "w", max_group_items=24, max_fan_in=4)
+    forest = flatten_reduce(plan)
+    assert forest.groups == plan.groups.groups and forest.levels == plan.tree.levels
+    assert forest.roots == (plan.tree.root,) and not forest.unite
+    assert flatten_reduce(plan_reduce(0, 2, "w")) == Forest()

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -134,3 +136,56 @@ def test_tracker_single_group_and_empty():
     assert t.result() == ops("a")
     assert ReduceTracker(0, ()).result() == ()
     assert t.add(1, 5, ops("z")) is False and t.add(2, 0, ops("z")) is False
+
+
+def test_tracker_unites_the_roots_of_a_forest_in_order():
+    # two classes: groups 0-2 merged by (2, 0); group 3 alone is its class's root
+    t = ReduceTracker(4, (((0, 1, 2),),), roots=((2, 0), (1, 3)), unite=True)
+    t.add(1, 3, ops("d", "a"))
+    for g in (0, 1, 2):
+        t.add(1, g, ops(str(g)))
+    (node,) = t.ready()
+    assert (node.level, node.index) == (2, 0)
+    assert t.result() is None  # a root is missing
+    t.add(2, 0, ops("a", "b", "A."))
+    assert t.result() == ops("a", "b", "d")  # roots in order, exact duplicates (after normalising) dropped
+
+
+def test_tracker_without_merges_unites_its_groups():
+    t = ReduceTracker(3, (), roots=((1, 0), (1, 1), (1, 2)), unite=True)
+    t.add(1, 2, ops("c"))
+    t.add(1, 0, ops("a", "c"))
+    assert t.ready() == [] and t.result() is None
+    t.add(1, 1, ops("b"))
+    assert t.result() == ops("a", "c", "b")
+
+
+def test_tracker_refuses_roots_the_plan_does_not_have():
+    with pytest.raises(ValueError):
+        ReduceTracker(2, (), roots=((1, 2),), unite=True)
+    with pytest.raises(ValueError):
+        ReduceTracker(2, (), roots=((1, 0), (1, 1)), unite=False)
+
+
+def test_a_window_plan_names_its_reduce_and_an_older_plan_still_decodes():
+    from streams.codec import CodecError, decode, encode
+    from streams.envelopes import WindowPlan
+
+    base = {
+        **dict(window_id="ns/p0/0-9", namespace="ns", seq=0, source="p0", first_offset=0, last_offset=9),
+        **dict(trace_count=10, reflections=10, base_version=0, tag_counts={}, closed_at=1.0, mapped_at=2.0),
+    }
+    united = WindowPlan(**base, groups=3, tree=(), shape="section-union", roots=((1, 0), (1, 1), (1, 2)), unite=True)
+    assert decode(encode(united)) == united
+    # written before reduce shapes existed: the paper's one tree, its root taken as it is
+    old = json.loads(encode(WindowPlan(**base, groups=4, tree=(((0, 1, 2, 3),),))))
+    for field in ("shape", "roots", "unite"):
+        old.pop(field)
+    plan = decode(json.dumps(old).encode())
+    assert isinstance(plan, WindowPlan) and plan.shape == "none"
+    assert ReduceTracker(plan.groups, plan.tree, plan.roots, plan.unite).roots == ((2, 0),)
+    # roots that are not nodes of the plan: refused at decoding (dead-lettered), never waited for
+    bad = json.loads(encode(united))
+    bad["roots"] = [[2, 0]]
+    with pytest.raises(CodecError):
+        decode(json.dumps(bad).encode())

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from combee.engine import MethodConfig
 from combee.llm import ChatRequest, ChatResponse, Role
 from streams.deltalog import LogSplit, split_log
 from tests.fakes import ScriptedLLM, echo_script
@@ -25,6 +26,8 @@ from workers.context import StageContext
 from workers.curate import handle_group
 from workers.mapper import handle_window
 from workers.window import close_due_windows
+
+PAPER = MethodConfig(shuffle_key="none")  # the paper's reduce: these scenarios need a merge call to hold
 
 
 @dataclass
@@ -79,7 +82,7 @@ async def deliver(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: s
 async def old_owner_with_a_merge_in_flight(kafka: MemoryKafka) -> tuple[StageContext, HeldMerges, Stream]:
     """Worker A has windowed, mapped and curated alpha's traces and waits on a merge."""
     llm = HeldMerges()
-    a, stream, seen = learner(kafka, llm), Stream(), set[Any]()
+    a, stream, seen = learner(kafka, llm, method=PAPER), Stream(), set[Any]()
     await feed_traces(a, kafka, stream, "alpha", 4)
     await close_due_windows(a)
     topics = [a.topics.windows, a.topics.groups, a.topics.partials]
@@ -101,7 +104,7 @@ async def test_a_zombie_combiners_late_record_is_fenced_and_goes_nowhere_else() 
     part = a.home_partition("alpha")
 
     # B takes the partition over (A was paused past its session timeout): it claims, redoes and applies
-    b, b_stream = learner(kafka, ScriptedLLM(echo_script)), Stream()
+    b, b_stream = learner(kafka, ScriptedLLM(echo_script), method=PAPER), Stream()
     await deliver(b, kafka, b_stream, set(), [b.topics.partials])
     await asyncio.gather(*list(b.tasks))
     split = log_of(kafka, b)
@@ -145,7 +148,7 @@ async def test_work_finished_after_a_revocation_but_before_any_new_claim_counts_
     assert a.fenced_writes == 0
     assert a.snapshots.get("alpha") is None  # its late snapshot went to the changelog, not to the wiped cache
 
-    b = learner(kafka, ScriptedLLM(echo_script))
+    b = learner(kafka, ScriptedLLM(echo_script), method=PAPER)
     await deliver(b, kafka, Stream(), set(), [b.topics.partials])
     await asyncio.gather(*list(b.tasks))
     split = log_of(kafka, b)
@@ -198,7 +201,7 @@ async def test_a_late_valid_snapshot_written_after_the_successors_checkpoint_ski
     lands only after B has applied the next window and checkpointed past it. A third owner must not trust the
     checkpoint alone: it replays from the late snapshot's own position and recovers B's window too."""
     kafka = SlowSnapshots()
-    a = learner(kafka, ScriptedLLM(echo_script))
+    a = learner(kafka, ScriptedLLM(echo_script), method=PAPER)
     a.io = kafka.writer(hold=True)  # type: ignore[assignment]
     a.snapshots.io = a.io
     stream, seen = Stream(), set[Any]()
@@ -214,7 +217,7 @@ async def test_a_late_valid_snapshot_written_after_the_successors_checkpoint_ski
     assert [r.window_id for r in log_of(kafka, a).records("alpha")] == [f"alpha/p{part}/0-3"]
 
     _forget(a, [TP(a.topics.partials, p) for p in range(a.topics.partitions)])  # revoked, its write still held
-    b = learner(kafka, ScriptedLLM(echo_script))
+    b = learner(kafka, ScriptedLLM(echo_script), method=PAPER)
     await feed_traces(b, kafka, Stream(), "alpha", 8)  # traces 4..7 come after: B's own window
     await ensure_ready(b, part)
     bstream, bseen = Stream(), {(m.topic, m.partition, m.offset) for m in kafka.records(b.topics.partials)}
@@ -227,7 +230,7 @@ async def test_a_late_valid_snapshot_written_after_the_successors_checkpoint_ski
     kafka.held.set()  # A's late write of the v1 snapshot lands now, after B's v2 and its checkpoint
     await task
     await asyncio.gather(*list(a.tasks))
-    c = learner(kafka, ScriptedLLM(echo_script))
+    c = learner(kafka, ScriptedLLM(echo_script), method=PAPER)
     await ensure_ready(c, part)
     assert c.snapshots.get("alpha").playbook.version == 2  # type: ignore[union-attr]
 
@@ -255,7 +258,7 @@ async def test_a_claim_revoked_while_it_is_readied_is_not_bound_and_the_redelive
     is left for the partition's owner, and once reassigned the redelivered records are applied."""
     kafka = RevokedDuringClaim()
     llm = ScriptedLLM(echo_script)
-    a, stream = learner(kafka, llm), Stream()
+    a, stream = learner(kafka, llm, method=PAPER), Stream()
     kafka.ctx = a
     await feed_traces(a, kafka, stream, "alpha", 4)
     await close_due_windows(a)
@@ -285,7 +288,7 @@ async def test_rebinding_a_namespace_keeps_the_runtime_a_mapper_waits_on() -> No
     """Should a namespace's combiner state ever pass to a new tenure of this process, only that state is
     reset: the runtime object (and its ``applied`` condition, which the map stage waits on) stays."""
     kafka = MemoryKafka()
-    a = learner(kafka, ScriptedLLM(echo_script))
+    a = learner(kafka, ScriptedLLM(echo_script), method=PAPER)
     part = a.home_partition("alpha")
     first = await ensure_ready(a, part)
     rt = bind(a, first, "alpha")

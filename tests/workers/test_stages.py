@@ -13,13 +13,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from combee.engine import MethodConfig
+import pytest
+
+from combee.engine import MethodConfig, Window, run_window
+from combee.llm import ChatRequest, Role
+from combee.models import Playbook
 from combee.windowing import WindowPolicy
-from streams.codec import decode
+from streams.codec import decode, decode_trace
 from streams.deltalog import split_log
 from streams.envelopes import DeltaRecord
 from streams.topics import Topics
-from tests.fakes import ScriptedLLM, echo_script
+from tests.fakes import ScriptedLLM, block_lines, echo_script
 from workers.app import _map_state_decode, _map_state_encode, _snapshot_decode, _snapshot_encode
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
@@ -86,11 +90,11 @@ class Publisher:
         return True
 
 
-def learner(kafka: MemoryKafka, llm: Any, partitions: int = 2) -> StageContext:
+def learner(kafka: MemoryKafka, llm: Any, partitions: int = 2, method: MethodConfig | None = None) -> StageContext:
     topics = Topics(prefix="t", partitions=partitions)
     cfg = StageConfig(
         topics=topics,
-        method=MethodConfig(),
+        method=method or MethodConfig(),
         policy=WindowPolicy(max_inflight=1, max_wait_s=0.01, bs_min=1, bs_max=64),
         bs_candidates=(4,),
         bs_default=8,
@@ -301,7 +305,7 @@ async def test_a_merge_whose_partial_kafka_refused_is_offered_again_without_new_
     """All level-1 partials are in, the one merge fails on a send: nothing else will arrive for the namespace,
     so the combiner must offer the merge again by itself, or the window (and the namespace) stalls."""
     kafka, stream, seen = RefusesFirstMerge(), Stream(), set()
-    ctx = learner(kafka, ScriptedLLM(echo_script))
+    ctx = learner(kafka, ScriptedLLM(echo_script), method=MethodConfig(shuffle_key="none"))  # a merge call
     await feed_traces(ctx, kafka, stream, "alpha", 4)
     await run_until_quiet(ctx, kafka, stream, seen)
     assert kafka.refused == 1
@@ -360,3 +364,56 @@ async def test_a_window_the_map_stage_sees_before_its_send_returns_still_release
     await settle()
     assert sum(r.trace_count for r in deltas(kafka, restarted.topics)) == 14
     assert rt.closed_pending == 0
+
+
+def selective_script(request: ChatRequest) -> str:
+    """A model whose answers depend on how the reduce is cut: reflections carry one of three sections; a curator
+    writes at most three ADDs; a merge keeps the first four proposals. A stage that grouped, merged or united
+    differently from the engine would end with another playbook."""
+    if request.role == Role.REFLECTOR:
+        task = block_lines(request, "trace")[0]["task"]
+        number = int(task.split()[1])
+        insight = {"section": f"s{number % 3}", "content": f"lesson {number}"}
+        return json.dumps({"diagnosis": "ok", "insights": [insight], "bullet_tags": []})
+    if request.role == Role.CURATOR:
+        ops = [
+            {"op": "ADD", "section": i["section"], "content": i["content"], "bullet_id": None}
+            for r in block_lines(request, "reflections")
+            for i in r["insights"]
+        ]
+        return json.dumps({"operations": ops[:3]})
+    if request.role == Role.MERGER:
+        return json.dumps({"keep": [p["id"] for p in block_lines(request, "proposals")][:4], "combine": []})
+    return json.dumps({"answer": "42"})
+
+
+@pytest.mark.parametrize("shape", ["none", "section", "section-union"])
+async def test_the_stream_learns_what_the_engine_learns_from_the_same_windows(shape: str) -> None:
+    """Determinism across the two executors: every window the stream applied, re-run offline by the engine
+    (``combee learn``'s run_window) with the same reduce shape, gives the same playbook, bullet for bullet."""
+    method = MethodConfig(shuffle_key=shape, max_group_items=4, max_fan_in=2)
+    kafka, stream, seen = MemoryKafka(), Stream(), set()
+    llm = ScriptedLLM(selective_script)
+    ctx = learner(kafka, llm, method=method)
+    await feed_traces(ctx, kafka, stream, "alpha", 40)
+    await run_until_quiet(ctx, kafka, stream, seen)
+    records = [r for r in deltas(kafka, ctx.topics) if r.namespace == "alpha"]
+    assert sum(r.trace_count for r in records) == 40
+    assert {r.shape for r in records} == {shape}  # the log says how each window was reduced
+    streamed = ctx.snapshots.get("alpha")
+    assert streamed is not None
+    merges = len(llm.calls(Role.MERGER))
+    assert (merges == 0) if shape == "section-union" else (merges > 0)
+
+    raw = {o: v for o, (_, v) in enumerate(kafka.logs[(ctx.topics.traces, ctx.home_partition("alpha"))])}
+    offline = Playbook(namespace="alpha")
+    engine_llm = ScriptedLLM(selective_script)
+    for r in records:
+        assert r.source is not None
+        window = Window(
+            "alpha", r.source, r.offsets[0], r.offsets[-1], tuple(decode_trace(raw[o]) for o in r.offsets), r.seed_key
+        )
+        offline = (await run_window(window, offline, engine_llm, method)).playbook
+    assert streamed.playbook == offline
+    assert len(llm.calls(Role.MERGER)) == len(engine_llm.calls(Role.MERGER))
+    assert len(llm.calls(Role.CURATOR)) == len(engine_llm.calls(Role.CURATOR))
