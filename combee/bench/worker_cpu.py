@@ -58,8 +58,17 @@ def _reflector_calls(port: int) -> float:
 
 
 def measure(
-    *, traces: int, workers: int, time_scale: float, out: Path, namespace: str = "cpu-bench", seed: int = 1
+    *,
+    traces: int,
+    workers: int,
+    time_scale: float,
+    out: Path,
+    namespace: str = "cpu-bench",
+    seed: int = 1,
+    profile: bool = False,
 ) -> dict[str, Any]:
+    """Run the measurement (module docstring); with ``profile``, each worker runs under cProfile and writes
+    ``out/worker-N.prof`` when it stops (start-up included: read it for the per-trace functions)."""
     from combee.sim.config import SimConfig
     from combee.sim.runner import SimProcess
     from combee.sim.world import generate_traces
@@ -85,6 +94,7 @@ def measure(
                         redis_url=redis_url,
                         prefix=prefix,
                         max_wait_s=2.0,
+                        python_args=("-m", "cProfile", "-o", str(out / f"worker-{i}.prof")) if profile else (),
                     )
                 )
             os.environ.pop("COMBEE_METRICS_PORT", None)
@@ -142,8 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("var/bench-cpu"))
+    parser.add_argument("--profile", action="store_true", help="run the workers under cProfile (OUT/worker-N.prof)")
     args = parser.parse_args(argv)
-    result = measure(traces=args.traces, workers=args.workers, time_scale=args.time_scale, out=args.out, seed=args.seed)
+    result = measure(
+        traces=args.traces,
+        workers=args.workers,
+        time_scale=args.time_scale,
+        out=args.out,
+        seed=args.seed,
+        profile=args.profile,
+    )
     print(json.dumps(result, indent=2))
     return 0
 
