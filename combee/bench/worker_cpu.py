@@ -99,7 +99,7 @@ def measure(
                 )
             os.environ.pop("COMBEE_METRICS_PORT", None)
             for i, proc in enumerate(procs):
-                _wait_ready(out / f"worker-{i}.log", proc, timeout_s=180)
+                _wait_ready(out / f"worker-{i}.log", proc, timeout_s=900)
             time.sleep(3.0)  # the last joiner's rebalance settles
             cpu0 = [_cpu_s(p.pid) for p in procs]
             started = time.monotonic()
