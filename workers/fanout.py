@@ -29,6 +29,8 @@ __all__ = ["handle_reflected", "reflect_window"]
 
 log = logging.getLogger("combee.worker.map")
 
+WARN_AFTER_S = 120.0  # silence from the pool this long is worth a line in the owner's log
+
 
 async def reflect_window(
     ctx: StageContext, namespace: str, window_id: str, seq: int, traces: tuple[Trace, ...], playbook: Playbook
@@ -58,8 +60,19 @@ async def reflect_window(
                 for span in (gather.slices[index],)
             )
         )
+        quiet_s = 0.0
         while not gather.complete:
-            await waiting.arrived.wait()
+            try:
+                await asyncio.wait_for(waiting.arrived.wait(), timeout=WARN_AFTER_S)
+            except TimeoutError:
+                quiet_s += WARN_AFTER_S
+                log.warning(
+                    "window %s: %d of %d reflection tasks unanswered after %.0fs without an answer; is a worker "
+                    "with --role curate (or all) running?",
+                    window_id, len(gather.missing()), len(gather.slices), quiet_s,
+                )  # fmt: skip
+                continue
+            quiet_s = 0.0
             waiting.arrived.clear()
             ctx.touch()
     finally:
