@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from combee.llm import context_tokens_of
@@ -33,11 +33,13 @@ def reference_depth(raw: str, limit: int = 32) -> bool:
     return True
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example deadline
 @given(st.text(alphabet=st.characters(max_codepoint=0x200)))
 def test_control_characters_are_dropped_exactly_as_before(text: str) -> None:
     assert _no_control_chars(text) == reference_clean(text)
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example deadline
 @given(st.integers(0, 40), st.integers(0, 40), st.text(alphabet='[]{}"\\ab', max_size=80))
 def test_the_depth_check_agrees_with_the_full_scan(lists: int, objects: int, noise: str) -> None:
     raw = "[" * lists + json.dumps(noise) + "]" * lists

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from combee.fanout import ReflectionGather, task_slices
@@ -18,6 +18,7 @@ def answers_for(slices: tuple[range, ...], version: int = 3) -> list[tuple[int, 
     ]
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example deadline
 @given(n=st.integers(0, 600), size=st.integers(1, 40))
 def test_slices_cover_every_trace_once_in_order_and_none_is_too_big(n: int, size: int) -> None:
     slices = task_slices(n, size)
@@ -30,6 +31,7 @@ def test_a_task_size_below_one_is_refused() -> None:
         task_slices(10, 0)
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example deadline
 @given(n=st.integers(1, 120), size=st.integers(1, 16), data=st.data())
 def test_any_arrival_order_with_duplicates_gives_the_trace_order(n: int, size: int, data: st.DataObject) -> None:
     slices = task_slices(n, size)
@@ -60,6 +62,7 @@ def test_the_first_answer_of_a_task_is_kept_and_wrong_ones_are_ignored() -> None
     assert gather.reflections()[:3] == list(first) and gather.service_s == 1.5
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example deadline
 @given(window=st.text(min_size=1, max_size=30), partitions=st.integers(1, 64), tasks=st.integers(1, 300))
 def test_a_windows_tasks_go_round_the_partitions_evenly(window: str, partitions: int, tasks: int) -> None:
     counts = [0] * partitions
