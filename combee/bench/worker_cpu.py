@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from combee.bench.streaming import _deltas, _services, _wait_ready
+from combee.bench.streaming import applied_deltas, local_services, wait_worker_ready
 from deploy.worker import spawn_worker
 
 __all__ = ["main", "measure"]
@@ -76,7 +76,7 @@ def measure(
     from streams.topics import Topics
 
     out.mkdir(parents=True, exist_ok=True)
-    bootstrap, redis_url, stop_services = _services()
+    bootstrap, redis_url, stop_services = local_services()
     prefix = f"cpubench{int(time.time())}"
     records = generate_traces(traces, seed, namespace=namespace, test_n=0)[0]
     procs: list[subprocess.Popen[bytes]] = []
@@ -99,7 +99,7 @@ def measure(
                 )
             os.environ.pop("COMBEE_METRICS_PORT", None)
             for i, proc in enumerate(procs):
-                _wait_ready(out / f"worker-{i}.log", proc, timeout_s=900)
+                wait_worker_ready(out / f"worker-{i}.log", proc, timeout_s=900)
             time.sleep(3.0)  # the last joiner's rebalance settles
             cpu0 = [_cpu_s(p.pid) for p in procs]
             started = time.monotonic()
@@ -109,7 +109,7 @@ def measure(
                 pub.flush(60)
             published_s = time.monotonic() - started
             deadline = started + 1800
-            while sum(r.trace_count for r in _deltas(bootstrap, prefix) if r.namespace == namespace) < traces:
+            while sum(r.trace_count for r in applied_deltas(bootstrap, prefix) if r.namespace == namespace) < traces:
                 if time.monotonic() > deadline:
                     raise TimeoutError("not every trace was learned within 30 minutes")
                 if any(p.poll() is not None for p in procs):
@@ -118,7 +118,7 @@ def measure(
             elapsed = time.monotonic() - started
             cpu = [_cpu_s(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
             calls = [_reflector_calls(port) for port in ports]
-            windows = len([r for r in _deltas(bootstrap, prefix) if r.namespace == namespace])
+            windows = len([r for r in applied_deltas(bootstrap, prefix) if r.namespace == namespace])
     finally:
         for p in procs:
             p.terminate()
