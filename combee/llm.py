@@ -117,9 +117,9 @@ class KnowsContext(Protocol):
 
 async def context_tokens_of(llm: LLM, role: Role) -> int | None:
     """``llm``'s context window for ``role`` in tokens, or None when it does not know one."""
-    if isinstance(llm, KnowsContext):
-        return await llm.context_tokens(role)
-    return None
+    # What isinstance(llm, KnowsContext) checks, without a runtime protocol check on every request.
+    ask = getattr(llm, "context_tokens", None)
+    return await ask(role) if callable(ask) else None
 
 
 @dataclass(frozen=True)

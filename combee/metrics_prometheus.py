@@ -15,12 +15,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import start_http_server
+from prometheus_client.parser import text_string_to_metric_families
 
 from combee.llm import Role
 from combee.meter import Meter
 from combee.metrics import LLMPrices
 
-__all__ = ["FAMILIES", "LATENCY_BUCKETS_S", "PrometheusMetrics"]
+__all__ = ["FAMILIES", "LATENCY_BUCKETS_S", "PrometheusMetrics", "sample_sum"]
 
 # From a simulated run (tenths of a second) to a real model's large windows (tens of minutes).
 LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -201,3 +202,14 @@ class PrometheusMetrics:
 
 # Every family exported, as the registry names them (a counter's samples add ``_total``).
 FAMILIES = frozenset(PrometheusMetrics().families())
+
+
+def sample_sum(exposition: str, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels``, read from a ``GET /metrics``
+    answer (what a scraper would see; 0.0 when there are none)."""
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )

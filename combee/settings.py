@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     bs_default: int = Field(default=32, ge=1)
     bs_candidates: tuple[int, ...] = (16, 32, 64)
     curate_concurrency: int = Field(default=8, ge=1)
+    # The map stage's reflections go out as tasks of at most this many traces, to any worker of the pool
+    # (role curate); each worker reflects at most reflect_concurrency tasks at a time.
+    reflect_task_size: int = Field(default=8, ge=1, le=256)
+    reflect_concurrency: int = Field(default=8, ge=1)
     # How fast a dead worker's partitions move to a live one (Kafka's group session timeout).
     kafka_session_timeout_s: float = Field(default=10.0, ge=6.0)
     # How often (seconds) and after how many acked records a worker commits its consumed offsets. A crash

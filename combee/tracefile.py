@@ -26,6 +26,8 @@ _MAX_DEPTH = 32
 
 def _depth_ok(raw: str) -> bool:
     """Reject JSON nested deeper than ``_MAX_DEPTH`` before parsing it (cheap bracket scan, strings skipped)."""
+    if raw.count("[") + raw.count("{") <= _MAX_DEPTH:
+        return True  # too few brackets to nest that deep: the usual trace needs no scan
     depth, in_str, escape = 0, False, False
     for c in raw:
         if in_str:

@@ -19,9 +19,10 @@ def spawn_worker(
     redis_url: str,
     prefix: str,
     max_wait_s: float,
+    python_args: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``combee worker`` against the given model endpoint and services, under ``prefix``, logging to
-    ``log_path``."""
+    ``log_path``; ``python_args`` go to the interpreter before ``-m combee.cli`` (e.g. a profiler's)."""
     env = {
         **os.environ,
         "OPENAI_BASE_URL": base_url,
@@ -33,5 +34,8 @@ def spawn_worker(
     }
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "combee.cli", "worker", *worker_args], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, *python_args, "-m", "combee.cli", "worker", *worker_args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )

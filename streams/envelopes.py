@@ -7,7 +7,9 @@ playbooks) travel inside envelopes unchanged; envelopes add only routing and boo
 Flow (as in README.md, "How it works")::
 
     traces ──window stage──▶ windows (WindowEnvelope: the window decision and its traces, durable)
-    windows ──map stage──▶ groups (GroupTask per level-1 group) + partials (WindowPlan: what to expect)
+    windows ──map stage──▶ reflect (ReflectTask: a slice of a window's traces, to any worker of the pool)
+    reflect ──reflect workers──▶ reflections (Reflected: the slice's reflections, back to the window's owner)
+    reflections ──map stage──▶ groups (GroupTask per level-1 group) + partials (WindowPlan: what to expect)
     groups ──curate workers──▶ partials (Partial, level 1)
     partials ──combiner──▶ merges (levels ≥ 2) ▶ apply ▶ deltas (DeltaRecord), playbooks (Snapshot), Redis
     combiner taking a partition ──▶ deltas (Claim: the epoch its DeltaRecords carry; streams/deltalog.py)
@@ -33,6 +35,8 @@ __all__ = [
     "Envelope",
     "GroupTask",
     "Partial",
+    "ReflectTask",
+    "Reflected",
     "Snapshot",
     "WindowEnvelope",
     "WindowPlan",
@@ -61,6 +65,38 @@ class WindowEnvelope(_Envelope):
     closed_by: Literal["size", "max_wait", "backlog", "replay"]
     traces: tuple[Trace, ...]
     closed_at: float
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class ReflectTask(_Envelope):
+    """Reflect on a slice of window ``window_id``'s traces (task ``index``) against ``playbook`` (frozen).
+
+    Any worker may take it; redoing it is harmless (the window's owner keeps the first answer per task)."""
+
+    schema_: Literal["combee.reflect/1"] = Field(default="combee.reflect/1", alias="schema")
+    window_id: str
+    namespace: str
+    seq: int
+    index: int = Field(ge=0)
+    playbook: Playbook
+    traces: tuple[Trace, ...] = Field(min_length=1)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Reflected(_Envelope):
+    """The answer to a :class:`ReflectTask`: one reflection per trace of the slice, in order (None where the
+    trace's answers never parsed), computed against playbook version ``base_version``."""
+
+    schema_: Literal["combee.reflected/1"] = Field(default="combee.reflected/1", alias="schema")
+    window_id: str
+    namespace: str
+    index: int = Field(ge=0)
+    base_version: int = Field(ge=0)
+    reflections: tuple[Reflection | None, ...]
+    service_s: float = 0.0
+    worker: str = ""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -238,6 +274,16 @@ class DeadLetter(_Envelope):
 
 
 Envelope = Annotated[
-    WindowEnvelope | GroupTask | WindowPlan | Partial | Control | Claim | DeltaRecord | Snapshot | DeadLetter,
+    WindowEnvelope
+    | ReflectTask
+    | Reflected
+    | GroupTask
+    | WindowPlan
+    | Partial
+    | Control
+    | Claim
+    | DeltaRecord
+    | Snapshot
+    | DeadLetter,
     Field(discriminator="schema_"),
 ]

@@ -1,10 +1,12 @@
 """Every Kafka topic Combee uses: names and configs, in one place.
 
 All learner topics are keyed by namespace (so one namespace's records share a partition and stay in order)
-except ``groups``, keyed by ``window_id/group`` so curate work spreads over every partition. ``traces``,
-``windows``, ``partials``, ``deltas`` and ``playbooks`` must have the same partition count: the window stage,
-the combiner and their tables are co-partitioned by namespace (one owner per namespace). A key's partition
-is :func:`partition_for`, the one rule every client here uses.
+except the pool's task topics: ``groups``, keyed by ``window_id/group`` so curate work spreads over every
+partition, and ``reflect``, keyed by ``window_id/task`` and placed by :func:`task_partition` so one window's
+reflection tasks go round the partitions (and so round the workers) evenly. ``traces``, ``windows``,
+``reflections``, ``partials``, ``deltas`` and ``playbooks`` must have the same partition count: the window
+stage, the map stage, the combiner and their tables are co-partitioned by namespace (one owner per
+namespace). A key's partition is :func:`partition_for`, the one rule every client here uses.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from dataclasses import dataclass
 
 from aiokafka.partitioner import murmur2
 
-__all__ = ["DEFAULT_PARTITIONS", "DEFAULT_PREFIX", "MAX_MESSAGE_BYTES", "TopicSpec", "Topics", "partition_for"]
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_PREFIX",
+    "MAX_MESSAGE_BYTES",
+    "TopicSpec",
+    "Topics",
+    "partition_for",
+    "task_partition",
+]
 
 DEFAULT_PREFIX = "combee"
 DEFAULT_PARTITIONS = 4
@@ -25,6 +35,12 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 def partition_for(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner (murmur2), as every client here uses it."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def task_partition(window_id: str, index: int, partitions: int) -> int:
+    """Where task ``index`` of window ``window_id`` goes: consecutive tasks on consecutive partitions, from
+    one the window id picks, so a window's tasks spread evenly however few they are."""
+    return (partition_for(window_id.encode("utf-8"), partitions) + index) % partitions
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,14 @@ class Topics:
     @property
     def windows(self) -> str:
         return f"{self.prefix}.windows"
+
+    @property
+    def reflect(self) -> str:
+        return f"{self.prefix}.reflect"
+
+    @property
+    def reflections(self) -> str:
+        return f"{self.prefix}.reflections"
 
     @property
     def groups(self) -> str:
@@ -83,6 +107,8 @@ class Topics:
         return [
             TopicSpec(self.traces, p, keep, "namespace", "agent traces (any producer, JSON)"),
             TopicSpec(self.windows, p, week, "namespace", "window decisions with their traces (durable handoff)"),
+            TopicSpec(self.reflect, p, week, "window_id/task", "reflection tasks (a slice of a window's traces)"),
+            TopicSpec(self.reflections, p, week, "namespace", "reflection tasks' answers, to the window's owner"),
             TopicSpec(self.groups, p, week, "window_id/group", "level-1 curate tasks"),
             TopicSpec(self.partials, p, week, "namespace", "window plans, partial deltas and control records"),
             TopicSpec(self.deltas, p, keep, "namespace", "applied deltas, one record per window (the log)"),

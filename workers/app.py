@@ -1,8 +1,9 @@
 """The Faust app: topics, agents and lifecycle. Thin wiring: decode → call the stage → ack.
 
 Roles: ``learner`` runs the window, map and combine stages (co-partitioned by namespace, one owner per
-namespace) and ``curate`` runs the curate workers. ``combee worker`` runs both by default; more curate
-capacity is more ``combee worker --role curate`` processes.
+namespace) and ``curate`` runs the pool: reflection tasks and curator groups of every namespace, whoever owns
+it. ``combee worker`` runs both by default; more capacity, even for a single namespace, is more workers (up
+to the partition count; docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
+from workers.fanout import handle_reflected
 from workers.mapper import handle_window
 from workers.observe import lag_reporter, publish_listener
+from workers.reflect import handle_reflect_task
 from workers.state import ChangelogTable, KafkaIO
 from workers.status import idle, republish_if_lost, status_of
 from workers.window import closer_loop, handle_trace
@@ -138,6 +141,7 @@ def create_app(
         bs_candidates=settings.bs_candidates,
         bs_default=settings.bs_default,
         curate_concurrency=settings.curate_concurrency,
+        reflect_task_size=settings.reflect_task_size,
     )
     ctx = StageContext(
         config=config,
@@ -171,6 +175,13 @@ def create_app(
                 for e in await ctx.with_backfill(event):
                     await handle_window(ctx, s, e)
 
+        @app.agent(topic(topics.reflections), name="combee-gather")
+        async def gather_stage(stream: Any) -> None:
+            s = stream.noack()
+            async for event in s.events():
+                for e in await ctx.with_backfill(event):
+                    await handle_reflected(ctx, s, e)
+
         @app.agent(topic(topics.partials), name="combee-combine")
         async def combine_stage(stream: Any) -> None:
             s = stream.noack()
@@ -194,6 +205,15 @@ def create_app(
                         log.debug("status for %s not written: %s", rt.namespace, exc)
 
     if "curate" in roles:
+        reflect_gate = asyncio.Semaphore(settings.reflect_concurrency)
+
+        @app.agent(topic(topics.reflect), name="combee-reflect")
+        async def reflect_stage(stream: Any) -> None:
+            s = stream.noack()
+            async for event in s.events():
+                for e in await ctx.with_backfill(event):
+                    await handle_reflect_task(ctx, s, e, reflect_gate)
+
         gate = asyncio.Semaphore(settings.curate_concurrency)
 
         @app.agent(topic(topics.groups), name="combee-curate")

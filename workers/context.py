@@ -24,7 +24,7 @@ from streams.codec import dead_letter, encode
 from streams.envelopes import Envelope, Snapshot
 from streams.topics import Topics, partition_for
 from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
-from workers.runtime import NamespaceRuntime
+from workers.runtime import Gathers, NamespaceRuntime
 from workers.state import ChangelogTable, KafkaIO
 from workers.tenure import Tenure
 
@@ -46,6 +46,7 @@ class StageConfig:
     bs_candidates: tuple[int, ...] = (16, 32, 64)
     bs_default: int = 32
     curate_concurrency: int = 8
+    reflect_task_size: int = 8  # traces per reflection task (combee.fanout.task_slices)
     window_max_bytes: int = 6 * 1024 * 1024
     buffer_limit: int = 4096  # traces buffered per namespace before the window stage stops pulling
     retry_max_s: float = 30.0
@@ -84,6 +85,7 @@ class StageContext:
     tenures: dict[int, Tenure] = field(default_factory=dict)  # the combiner's current claim per partition
     fenced_writes: int = 0  # delta records this process logged after another owner's claim (refused)
     metrics: Metrics = field(default_factory=NoMetrics)
+    gathers: Gathers = field(default_factory=Gathers)  # reflection answers awaited by the map stage
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -2,7 +2,8 @@
 
 Acceptance (dedup and sequence numbers) is decided by :func:`combee.windowing.accept_window` and recorded in
 the map-state table before any LLM work. Each namespace's windows are then mapped in order by one task,
-which waits until at most ``max_inflight - 1`` earlier windows are unapplied (bounded staleness).
+which waits until at most ``max_inflight - 1`` earlier windows are unapplied (bounded staleness), has the
+pool reflect the window's traces (:mod:`workers.fanout`), and plans the reduce.
 """
 
 from __future__ import annotations
@@ -12,16 +13,14 @@ import logging
 import time
 from typing import Any
 
-from combee.engine import reflect
-from combee.llm import Role
-from combee.meter import Meter
-from combee.models import Playbook
+from combee.models import Playbook, Reflection
 from combee.playbook import count_tags
 from combee.scan import tree_shape
 from combee.windowing import Acceptance, MapState
 from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, WindowEnvelope, WindowPlan
 from workers.context import StageContext
+from workers.fanout import reflect_window
 from workers.runtime import NamespaceRuntime
 
 __all__ = ["handle_window"]
@@ -145,19 +144,12 @@ async def _map_one(
     started = time.time()
     waited = started - env.closed_at
 
-    async def reflect_all() -> tuple[list[Any], Meter, float]:
-        meter = Meter()
-        outcomes = await asyncio.gather(
-            *(reflect(t, playbook, ctx.llm, meter=meter, attempts=method.parse_attempts) for t in acc.traces)
+    reflections: list[Reflection] = []
+    skipped, map_s = 0, 0.0
+    if not give_up:
+        reflections, skipped, map_s = await reflect_window(
+            ctx, rt.namespace, acc.window_id, acc.seq, acc.traces, playbook
         )
-        return [o.value for o in outcomes if o.value is not None], meter, max(o.service_s for o in outcomes)
-
-    if give_up:
-        reflections: list[Any] = []
-        meter, map_s = Meter(), 0.0
-    else:
-        reflections, meter, map_s = await ctx.retrying(f"map {acc.window_id}", reflect_all, Role.REFLECTOR)
-        ctx.metrics.llm_usage(meter)
     forest = method.forest(reflections, env.seed_key)
     groups = forest.groups
     for index, members in enumerate(groups):
@@ -191,7 +183,7 @@ async def _map_one(
         closed_at=env.closed_at,
         mapped_at=time.time(),
         map_service_s=map_s,
-        skipped_traces=meter.skipped_traces,
+        skipped_traces=skipped,
         trace_ids=tuple(t.trace_id for t in acc.traces),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)

@@ -37,7 +37,7 @@ async def report_lag(ctx: StageContext, consumer: Any, reported: set[tuple[str, 
     assignment). Returns the partitions reported, for the next call.
     """
     topics = ctx.topics
-    consumed = {topics.traces, topics.windows, topics.groups, topics.partials}
+    consumed = {topics.traces, topics.windows, topics.reflect, topics.reflections, topics.groups, topics.partials}
     now: set[tuple[str, int]] = set()
     for tp in sorted(consumer.assignment()):
         if tp.topic not in consumed:

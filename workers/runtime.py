@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from combee.controller import BatchSizeController, ControllerDecision
+from combee.fanout import ReflectionGather
 from combee.models import Playbook, Trace
 from combee.scan import ReduceTracker
-from streams.envelopes import WindowPlan
+from streams.envelopes import Reflected, WindowPlan
 from workers.tenure import Tenure
 
-__all__ = ["Buffered", "NamespaceRuntime", "OpenWindow"]
+__all__ = ["Awaited", "Buffered", "Gathers", "NamespaceRuntime", "OpenWindow"]
 
 
 @dataclass
@@ -29,6 +30,55 @@ class Buffered:
     event: Any
     size: int
     received_at: float
+
+
+@dataclass
+class Awaited:
+    """A window whose reflection tasks are out: the answers so far, and an event set when one arrives."""
+
+    gather: ReflectionGather
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Gathers:
+    """Reflection answers the map stage of this process awaits, by window id.
+
+    An answer nobody awaits yet (a window this process took over and has not mapped again; a duplicate) is
+    kept, at most ``early_limit`` of them, oldest dropped first: mapped again, the window uses it instead of
+    reflecting that slice twice. Dropping one only costs the slice's reflector calls again.
+    """
+
+    awaited: dict[str, Awaited] = field(default_factory=dict)
+    early: OrderedDict[tuple[str, int, int], Reflected] = field(default_factory=OrderedDict)
+    early_limit: int = 4096
+
+    def expect(self, window_id: str, gather: ReflectionGather) -> Awaited:
+        """Await ``gather``'s answers for ``window_id``, taking those that arrived before."""
+        waiting = self.awaited[window_id] = Awaited(gather)
+        for index in range(len(gather.slices)):
+            env = self.early.pop((window_id, index, gather.base_version), None)
+            if env is not None:
+                gather.add(env.index, env.base_version, env.reflections, env.service_s)
+        return waiting
+
+    def offer(self, env: Reflected) -> bool:
+        """An answer arrived; True when an awaited window kept it."""
+        waiting = self.awaited.get(env.window_id)
+        if waiting is not None:
+            kept = waiting.gather.add(env.index, env.base_version, env.reflections, env.service_s)
+            if kept:
+                waiting.arrived.set()
+            return kept
+        key = (env.window_id, env.index, env.base_version)
+        if key not in self.early:
+            self.early[key] = env
+            while len(self.early) > self.early_limit:
+                self.early.popitem(last=False)
+        return False
+
+    def done(self, window_id: str) -> None:
+        self.awaited.pop(window_id, None)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 
 from deploy.worker import spawn_worker
 
-__all__ = ["StreamingConfig", "run_streaming_bench"]
+__all__ = ["StreamingConfig", "applied_deltas", "local_services", "run_streaming_bench", "wait_worker_ready"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def run_streaming_bench(cfg: StreamingConfig) -> dict[str, Any]:
     from combee.sim.runner import SimProcess
 
     cfg.out.mkdir(parents=True, exist_ok=True)
-    bootstrap, redis_url, stop_services = _services()
+    bootstrap, redis_url, stop_services = local_services()
     prefix = f"sbench{int(time.time())}"
     namespaces = [f"stream-{i}" for i in range(cfg.namespaces)]
     worker: subprocess.Popen[bytes] | None = None
@@ -68,7 +68,7 @@ def run_streaming_bench(cfg: StreamingConfig) -> dict[str, Any]:
                 prefix=prefix,
                 max_wait_s=cfg.max_wait_s,
             )
-            _wait_ready(cfg.out / "worker.log", worker)
+            wait_worker_ready(cfg.out / "worker.log", worker)
             watchers = [_Watcher(redis_url, prefix, ns) for ns in namespaces]
             for w in watchers:
                 w.start()
@@ -88,7 +88,7 @@ def run_streaming_bench(cfg: StreamingConfig) -> dict[str, Any]:
     return result
 
 
-def _wait_ready(log: Path, worker: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def wait_worker_ready(log: Path, worker: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     """Publishing starts once the worker has joined its group (its log says Ready), as in steady state."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -101,7 +101,7 @@ def _wait_ready(log: Path, worker: subprocess.Popen[bytes], timeout_s: float = 6
     raise TimeoutError(f"the worker was not ready within {timeout_s:.0f}s (see {log})")
 
 
-def _services() -> tuple[str, str, Any]:
+def local_services() -> tuple[str, str, Any]:
     bootstrap, redis_url = os.environ.get("COMBEE_KAFKA_BOOTSTRAP"), os.environ.get("COMBEE_REDIS_URL")
     if bootstrap and redis_url:
         return bootstrap, redis_url, lambda: None
@@ -162,7 +162,7 @@ def _publish(bootstrap: str, prefix: str, namespaces: list[str], cfg: StreamingC
     return {ns: per_ns for ns in namespaces}
 
 
-def _deltas(bootstrap: str, prefix: str) -> list[Any]:
+def applied_deltas(bootstrap: str, prefix: str) -> list[Any]:
     from kafka import KafkaConsumer, TopicPartition
 
     from streams.deltalog import LogJudge
@@ -195,7 +195,7 @@ def _wait_applied(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         learned: dict[str, int] = {}
-        for rec in _deltas(bootstrap, prefix):
+        for rec in applied_deltas(bootstrap, prefix):
             learned[rec.namespace] = learned.get(rec.namespace, 0) + rec.trace_count
         if all(learned.get(ns, 0) >= n for ns, n in expected.items()):
             return
@@ -243,7 +243,7 @@ class WindowRow:
 
 
 def _windows(bootstrap: str, prefix: str, namespaces: list[str], seen: dict[str, dict[int, float]]) -> list[WindowRow]:
-    records = [r for r in _deltas(bootstrap, prefix) if r.namespace in namespaces and r.source and r.offsets]
+    records = [r for r in applied_deltas(bootstrap, prefix) if r.namespace in namespaces and r.source and r.offsets]
     wanted = {(int(r.source[1:]), r.last_offset) for r in records if r.source.startswith("p")}
     stamps = _trace_timestamps(bootstrap, prefix, wanted)
     rows = []

@@ -13,7 +13,13 @@ __all__ = ["add_worker_command", "cmd_worker"]
 def add_worker_command(sub: Any) -> None:
     """Register ``worker`` on ``combee``'s subparsers."""
     p = sub.add_parser("worker", help="run the streaming workers (Faust)")
-    p.add_argument("--role", choices=["all", "learner", "curate"], default="all")
+    p.add_argument(
+        "--role",
+        choices=["all", "learner", "curate"],
+        default="all",
+        help="learner: own namespaces (window, plan, combine); curate: the pool (reflection and curator tasks "
+        "of every namespace); all (default): both",
+    )
     p.add_argument("--until-idle", type=float, metavar="SECONDS", help="exit after SECONDS with nothing to do")
     p.add_argument("--concurrency", type=positive_int, help="curator calls in flight (default 8)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

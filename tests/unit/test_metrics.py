@@ -14,7 +14,7 @@ from combee.errors import ConfigError
 from combee.llm import Role
 from combee.meter import Meter, RoleStats
 from combee.metrics import LLMPrices, NoMetrics
-from combee.metrics_prometheus import FAMILIES, PrometheusMetrics
+from combee.metrics_prometheus import FAMILIES, PrometheusMetrics, sample_sum
 from combee.settings import Settings
 from combee.wiring import build_metrics
 
@@ -122,6 +122,20 @@ def test_llm_meters_fold_into_calls_tokens_cost_failures_and_repairs() -> None:
     assert value(s, "combee_llm_parse_failures_total", role="reflector", kind="invalid") == 2
     assert value(s, "combee_llm_repairs_total", role="reflector") == 4
     assert value(s, "combee_llm_gave_up_total", role="reflector") == 2
+
+
+def test_sample_sum_adds_the_samples_whose_labels_match_as_a_scraper_reads_them() -> None:
+    m = PrometheusMetrics()
+    meter = Meter()
+    meter.roles["reflector"] = RoleStats(calls=5, parse_failures=2, gave_up=1)
+    meter.roles["curator"] = RoleStats(calls=3)
+    m.llm_usage(meter)
+    text = m.render().decode()
+
+    assert sample_sum(text, "combee_llm_calls_total", role="reflector") == 5
+    assert sample_sum(text, "combee_llm_calls_total", role="reflector", outcome="ok") == 3
+    assert sample_sum(text, "combee_llm_calls_total") == 5 + 3
+    assert sample_sum(text, "combee_llm_calls_total", role="merger") == 0.0
 
 
 def test_without_prices_the_cost_counts_zero() -> None:

@@ -18,13 +18,12 @@ from combee.engine import MethodConfig
 from combee.llm import ChatRequest, ChatResponse, Role
 from streams.deltalog import LogSplit, split_log
 from tests.fakes import ScriptedLLM, echo_script
-from tests.workers.test_stages import Event, MemoryKafka, Stream, feed_traces, learner
+from tests.workers.test_stages import Event, MemoryKafka, Stream, feed_traces, learner, settle
+from tests.workers.test_stages import deliver as deliver_one
 from workers.app import _forget
-from workers.combine import ensure_ready, handle_partial
+from workers.combine import ensure_ready
 from workers.commit import bind
 from workers.context import StageContext
-from workers.curate import handle_group
-from workers.mapper import handle_window
 from workers.window import close_due_windows
 
 PAPER = MethodConfig(shuffle_key="none")  # the paper's reduce: these scenarios need a merge call to hold
@@ -69,12 +68,7 @@ async def deliver(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: s
                 continue
             seen.add(key)
             n += 1
-            if topic == ctx.topics.windows:
-                await handle_window(ctx, stream, Event(msg))
-            elif topic == ctx.topics.groups:
-                await handle_group(ctx, stream, Event(msg), gate)
-            else:
-                await handle_partial(ctx, stream, Event(msg))
+            await deliver_one(ctx, stream, Event(msg), gate)
         await _turns()
     return n
 
@@ -85,7 +79,7 @@ async def old_owner_with_a_merge_in_flight(kafka: MemoryKafka) -> tuple[StageCon
     a, stream, seen = learner(kafka, llm, method=PAPER), Stream(), set[Any]()
     await feed_traces(a, kafka, stream, "alpha", 4)
     await close_due_windows(a)
-    topics = [a.topics.windows, a.topics.groups, a.topics.partials]
+    topics = [a.topics.windows, a.topics.reflect, a.topics.reflections, a.topics.groups, a.topics.partials]
     for _ in range(20):
         await deliver(a, kafka, stream, seen, topics)
         if llm.held:
@@ -207,9 +201,11 @@ async def test_a_late_valid_snapshot_written_after_the_successors_checkpoint_ski
     stream, seen = Stream(), set[Any]()
     await feed_traces(a, kafka, stream, "alpha", 4)
     await close_due_windows(a)
-    topics = [a.topics.windows, a.topics.groups, a.topics.partials]
-    for _ in range(10):
-        task = asyncio.ensure_future(deliver(a, kafka, stream, seen, topics))
+    topics = [a.topics.windows, a.topics.reflect, a.topics.reflections, a.topics.groups, a.topics.partials]
+    task: asyncio.Future[int] | None = None
+    for _ in range(10):  # one delivery at a time: the last one is held by A's snapshot write
+        if task is None or task.done():
+            task = asyncio.ensure_future(deliver(a, kafka, stream, seen, topics))
         await _turns(300)
         if any(r.offset > 0 for r in kafka.records(a.topics.deltas)):
             break
@@ -224,10 +220,11 @@ async def test_a_late_valid_snapshot_written_after_the_successors_checkpoint_ski
     for _ in range(10):
         await close_due_windows(b)
         await deliver(b, kafka, bstream, bseen, topics)
-        await asyncio.gather(*list(b.tasks))
+        await settle(b)
     assert [r.version for r in log_of(kafka, b).records("alpha")] == [1, 2]
 
     kafka.held.set()  # A's late write of the v1 snapshot lands now, after B's v2 and its checkpoint
+    assert task is not None
     await task
     await asyncio.gather(*list(a.tasks))
     c = learner(kafka, ScriptedLLM(echo_script), method=PAPER)
@@ -265,8 +262,10 @@ async def test_a_claim_revoked_while_it_is_readied_is_not_bound_and_the_redelive
     part = a.home_partition("alpha")
     seen: set[Any] = set()
     for _ in range(10):  # map and curate; the first partials event claims, and is revoked on the way
-        await deliver(a, kafka, stream, seen, [a.topics.windows, a.topics.groups])
-        await asyncio.gather(*list(a.tasks))
+        await deliver(
+            a, kafka, stream, seen, [a.topics.windows, a.topics.reflect, a.topics.reflections, a.topics.groups]
+        )
+        await settle(a)
     await deliver(a, kafka, stream, seen, [a.topics.partials])
     await asyncio.gather(*list(a.tasks))
     assert kafka.revoked == 1

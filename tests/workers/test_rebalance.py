@@ -12,7 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tests.fakes import ScriptedLLM, echo_script
-from tests.workers.test_stages import Event, MemoryKafka, Msg, Stream, close_due_windows, deltas, feed_traces, learner
+from tests.workers.test_stages import (
+    Event,
+    MemoryKafka,
+    Msg,
+    Stream,
+    close_due_windows,
+    deltas,
+    feed_traces,
+    learner,
+    reflect_through_the_pool,
+)
 from workers.app import _forget
 from workers.combine import handle_partial
 from workers.curate import handle_group
@@ -52,6 +62,7 @@ async def test_a_plan_dropped_on_revocation_is_read_back_when_the_stream_resumes
     await close_due_windows(ctx)
     (window,) = kafka.records(ctx.topics.windows)
     await handle_window(ctx, stream, Event(window))
+    await reflect_through_the_pool(ctx, kafka, stream)
     await _settle(ctx)
     (plan,) = kafka.records(ctx.topics.partials)  # generation 1: the plan reaches the combiner...
     for e in await ctx.with_backfill(Event(plan)):

@@ -28,7 +28,9 @@ from workers.app import _map_state_decode, _map_state_encode, _snapshot_decode, 
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
+from workers.fanout import handle_reflected
 from workers.mapper import handle_window
+from workers.reflect import handle_reflect_task
 from workers.state import ChangelogTable, LogRecord
 from workers.window import close_due_windows, handle_trace
 
@@ -115,13 +117,18 @@ def trace(ns: str, i: int) -> bytes:
 
 
 async def pump(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: set[tuple[str, int, int]]) -> int:
-    """Deliver every not-yet-delivered record of the learner topics to its stage; returns how many."""
+    """Deliver every not-yet-delivered record of the learner and pool topics to its stage; returns how many.
+
+    A map task waits for its window's reflection answers, which the next pump delivers: it is let run, not
+    waited for."""
     n = 0
     gate = asyncio.Semaphore(4)
-    for topic, handler in (
-        (ctx.topics.windows, handle_window),
-        (ctx.topics.groups, None),
-        (ctx.topics.partials, handle_partial),
+    for topic in (
+        ctx.topics.windows,
+        ctx.topics.reflect,
+        ctx.topics.reflections,
+        ctx.topics.groups,
+        ctx.topics.partials,
     ):
         for msg in kafka.records(topic):
             key = (msg.topic, msg.partition, msg.offset)
@@ -129,14 +136,45 @@ async def pump(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: set[
                 continue
             seen.add(key)
             n += 1
-            if handler is None:
-                await handle_group(ctx, stream, Event(msg), gate)
-            else:
-                await handler(ctx, stream, Event(msg))
-    for _ in range(50):  # let spawned curate/merge/map tasks run
-        await asyncio.sleep(0)
-    await asyncio.gather(*list(ctx.tasks))
+            await deliver(ctx, stream, Event(msg), gate)
+    await settle(ctx)
     return n
+
+
+async def settle(ctx: StageContext) -> None:
+    """Let spawned work run and wait for it, except map tasks (they wait for answers a pump delivers)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+    mappers = {rt.mapper for rt in ctx.runtimes.values()}
+    await asyncio.gather(*[t for t in list(ctx.tasks) if t not in mappers])
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def reflect_through_the_pool(ctx: StageContext, kafka: MemoryKafka, stream: Stream) -> None:
+    """Deliver the reflection tasks on the topic and their answers (the pool's round trip), then settle."""
+    gate = asyncio.Semaphore(8)
+    for topic in (ctx.topics.reflect, ctx.topics.reflections):
+        for _ in range(50):
+            await asyncio.sleep(0)
+        for msg in kafka.records(topic):
+            await deliver(ctx, stream, Event(msg), gate)
+        await settle(ctx)
+
+
+async def deliver(ctx: StageContext, stream: Stream, event: Event, gate: asyncio.Semaphore) -> None:
+    """Hand one record to the stage that consumes its topic."""
+    topic = event.message.topic
+    if topic == ctx.topics.windows:
+        await handle_window(ctx, stream, event)
+    elif topic == ctx.topics.reflect:
+        await handle_reflect_task(ctx, stream, event, gate)
+    elif topic == ctx.topics.reflections:
+        await handle_reflected(ctx, stream, event)
+    elif topic == ctx.topics.groups:
+        await handle_group(ctx, stream, event, gate)
+    else:
+        await handle_partial(ctx, stream, event)
 
 
 async def run_until_quiet(ctx: StageContext, kafka: MemoryKafka, stream: Stream, seen: set) -> None:

@@ -1,0 +1,73 @@
+"""Issue 16's acceptance on the real Kafka and Redis: one namespace, two workers, the reflections shared.
+
+Both runs learn the same SIMULATED traces with the same seeds and fixed window sizes (every window is
+``COMBEE_BS_MAX`` traces, the last one the remainder), once with one worker and once with two. With two, each
+worker must make at least 35 % of the namespace's reflector calls (each worker's own ``/metrics``), and the
+playbook must be the one-worker playbook exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from combee.models import Playbook
+from tests.integration.pipeline import Pipeline, Worker
+from tests.integration.streams_support import free_port, kafka_bootstrap_or_skip, redis_url_or_skip
+from tests.integration.test_metrics import scrape, value
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NS = "fleet-one"
+FIXED_WINDOWS = {
+    "COMBEE_BS_MIN": "32",
+    "COMBEE_BS_MAX": "32",
+    "COMBEE_BS_DEFAULT": "32",
+    "COMBEE_BS_CANDIDATES": "[32]",
+    "COMBEE_MAX_WAIT_S": "3",
+}
+
+
+def wait_ready(workers: list[Worker]) -> None:
+    """Every worker has joined the group (its log says Ready), and the last rebalance has settled."""
+    wait_until(lambda: all("Worker]: Ready" in w.log.read_text(errors="replace") for w in workers), 180, "ready")
+    time.sleep(8.0)
+
+
+def learn(tmp: Path, traces: list[dict], workers: int) -> tuple[Playbook, list[float], Pipeline]:
+    pipe = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp, env_extra=FIXED_WINDOWS)
+    pipe.start_sim()
+    try:
+        pipe.create_topics()
+        ports = [free_port() for _ in range(workers)]
+        for port in ports:
+            pipe.start_worker(COMBEE_METRICS_PORT=str(port))
+        wait_ready(pipe.workers)
+        pipe.publish_traces(traces)  # at once: the windows are cut by size alone
+        pipe.wait_learned({NS: len(traces)}, timeout_s=600)
+        calls = [value(scrape(port), "combee_llm_calls_total", role="reflector") for port in ports]
+        return pipe.published_playbook(NS), calls, pipe
+    finally:
+        pipe.close()
+
+
+def test_two_workers_share_one_namespaces_reflections_and_learn_the_one_worker_playbook(tmp_path: Path) -> None:
+    probe = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
+    traces, _ = probe.traces(200, 11, NS)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    alone, alone_calls, one = learn(tmp_path / "one", traces, workers=1)
+    shared, calls, two = learn(tmp_path / "two", traces, workers=2)
+
+    print(f"reflector calls: one worker {alone_calls}, two workers {calls}")
+    assert sum(calls) >= len(traces)
+    assert all(c >= 0.35 * sum(calls) for c in calls), calls
+    cuts = [[(r.window_id, r.trace_count) for r in p.deltas(NS)] for p in (one, two)]
+    assert cuts[0] == cuts[1], "the two runs cut different windows"
+    assert shared.version == alone.version
+    assert [(b.id, b.section, b.content, b.helpful, b.harmful) for b in shared.bullets] == [
+        (b.id, b.section, b.content, b.helpful, b.harmful) for b in alone.bullets
+    ]
