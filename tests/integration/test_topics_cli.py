@@ -80,7 +80,7 @@ def test_publish_before_any_worker_names_the_missing_topic_then_lands_after_topi
     assert [line.split()[1] for line in first.stdout.splitlines() if line.startswith("created")] == names
     again = combee(topics, "topics", "create")
     assert again.returncode == 0, again.stderr
-    assert "0 created, 8 already there" in again.stdout
+    assert f"0 created, {len(names)} already there" in again.stdout
     assert not any(line.startswith(("created", "drift")) for line in again.stdout.splitlines())
 
     described = combee(topics, "topics", "describe")
