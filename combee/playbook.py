@@ -367,10 +367,10 @@ def apply_window(
 # the text after it; listing bullets purely by id would scatter sections. The compromise: bullets with ids
 # below a *settling mark* are grouped by section (sections in first-appearance order, bullets by id); newer
 # ones follow in id order, each run of one section under its own heading, after a line saying so. The mark
-# moves only when ``next_id`` passes the next step of a geometric ladder (16, 20, 25, 31, ...: +25 % each),
-# so the text is re-grouped a few dozen times over thousands of bullets, and the newer part never holds more
-# than about a fifth of the ids. Between two re-groupings, adding bullets only appends to the text; an
-# UPDATE or REMOVE changes the text from its bullet onwards.
+# moves only when ``next_id`` passes the next step of a geometric ladder (16, 20, 25, 31, ...: +25 % each;
+# below 16 ids everything is grouped), so the text is re-grouped a few dozen times over thousands of bullets,
+# and the newer part never holds more than about a fifth of the ids. Between two re-groupings, adding bullets
+# only appends to the text; an UPDATE or REMOVE changes the text from its bullet onwards.
 
 _TITLE = "Playbook"
 
@@ -386,9 +386,9 @@ _SETTLE_FIRST = 16
 
 def settling_mark(next_id: int) -> int:
     """The id number below which bullets are grouped by section: the highest ladder step (16, then +25 % each,
-    rounded down) not above ``next_id``; 1 (nothing grouped) while ``next_id`` is below 16. Monotone in
-    ``next_id``."""
-    mark, step = 1, _SETTLE_FIRST
+    rounded down) not above ``next_id``; ``next_id`` itself (everything grouped) while it is below 16, since a
+    playbook that small gains nothing from appending. Monotone in ``next_id``."""
+    mark, step = next_id, _SETTLE_FIRST
     while step <= next_id:
         mark, step = step, step + step // 4
     return mark
