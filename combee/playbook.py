@@ -48,6 +48,7 @@ __all__ = [
     "normalise_text",
     "playbook_tokens",
     "render_prompt",
+    "settling_mark",
     "unite_ops",
 ]
 
@@ -267,7 +268,7 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
             ordered = [merged[b.id] for b in ordered if b.id not in dropped]
             stats.deduplicated += len(dropped)
 
-    ordered, evicted = _within_budget(playbook.namespace, version, ordered, policy)
+    ordered, evicted = _within_budget(version, next_id, ordered, policy)
     stats.evicted += evicted
     return (
         Playbook(namespace=playbook.namespace, version=version, bullets=tuple(ordered), next_id=next_id),
@@ -279,14 +280,22 @@ def _id_number(bullet_id: str) -> int:
     return int(bullet_id[1:])
 
 
-def _within_budget(
-    namespace: str, version: int, bullets: list[Bullet], policy: ApplyPolicy
-) -> tuple[list[Bullet], int]:
-    def cost(b: Bullet) -> int:
-        return estimate_tokens(_render_bullet(b)) + 1
+def _within_budget(version: int, next_id: int, bullets: list[Bullet], policy: ApplyPolicy) -> tuple[list[Bullet], int]:
+    # An upper bound of the rendering's estimate (estimate_tokens is sub-additive over its lines): every line
+    # with its newline, a blank line and heading for each settled section, and for each newer bullet too (a
+    # run of one section there has its own heading), plus the fixed lines.
+    mark = settling_mark(next_id)
 
-    total = estimate_tokens(_header(namespace, version)) + sum(cost(b) for b in bullets)
-    total += sum(estimate_tokens(_section_heading(s)) for s in {b.section for b in bullets})
+    def line(text: str) -> int:
+        return estimate_tokens(text + "\n")
+
+    def cost(b: Bullet) -> int:
+        own = line(_render_bullet(b))
+        return own if _id_number(b.id) < mark else own + 1 + line(_section_heading(b.section))
+
+    fixed = line(_header()) + 1 + line(_NEWER) + 1 + line(_footer(version))
+    total = fixed + sum(cost(b) for b in bullets)
+    total += sum(1 + line(_section_heading(s)) for s in {b.section for b in bullets if _id_number(b.id) < mark})
     if total <= policy.token_budget and len(bullets) <= policy.max_bullets:
         return bullets, 0
     worst_first = sorted(bullets, key=lambda b: (b.score, b.updated.version, -_id_number(b.id)))
@@ -350,19 +359,50 @@ def apply_window(
 
 
 # --- rendering --------------------------------------------------------------------------------------------
+#
+# Layout for prefix caching. A server caches a prompt by its prefix, so the rendering is laid out so that the
+# text of version t is, as far as possible, a prefix of version t+1's: nothing that changes per version
+# (the version number) before the bullets, and new bullets after the old ones. Keeping every bullet under its
+# section's one heading would insert a new bullet in the middle (at the end of its section) and change all
+# the text after it; listing bullets purely by id would scatter sections. The compromise: bullets with ids
+# below a *settling mark* are grouped by section (sections in first-appearance order, bullets by id); newer
+# ones follow in id order, each run of one section under its own heading, after a line saying so. The mark
+# moves only when ``next_id`` passes the next step of a geometric ladder (16, 20, 25, 31, ...: +25 % each;
+# below 16 ids everything is grouped), so the text is re-grouped a few dozen times over thousands of bullets,
+# and the newer part never holds more than about a fifth of the ids. Between two re-groupings, adding bullets
+# only appends to the text; an UPDATE or REMOVE changes the text from its bullet onwards.
 
 _TITLE = "Playbook"
 
+_INTRO = (
+    "Lessons learned from earlier runs of this agent. Apply the ones that fit the task; "
+    "bullet ids are for reference only."
+)
 
-def _header(namespace: str, version: int) -> str:
-    # The namespace is deliberately not part of the text: a replay into another namespace must render
-    # exactly the same prompts, so that cached answers (and so the learned playbook) are reproduced.
-    del namespace
-    return (
-        f"# {_TITLE} · version {version}\n"
-        "Lessons learned from earlier runs of this agent. Apply the ones that fit the task; "
-        "bullet ids are for reference only."
-    )
+_NEWER = "Newer lessons, in the order they were learned (a section may appear again):"
+
+_SETTLE_FIRST = 16
+
+
+def settling_mark(next_id: int) -> int:
+    """The id number below which bullets are grouped by section: the highest ladder step (16, then +25 % each,
+    rounded down) not above ``next_id``; ``next_id`` itself (everything grouped) while it is below 16, since a
+    playbook that small gains nothing from appending. Monotone in ``next_id``."""
+    mark, step = next_id, _SETTLE_FIRST
+    while step <= next_id:
+        mark, step = step, step + step // 4
+    return mark
+
+
+def _header() -> str:
+    # Neither the namespace nor the version is part of the header: a replay into another namespace must
+    # render exactly the same prompts (so that cached answers, and so the learned playbook, are reproduced),
+    # and the version changes with every window, so it goes last, where it does not break the cached prefix.
+    return f"# {_TITLE}\n{_INTRO}"
+
+
+def _footer(version: int) -> str:
+    return f"(Playbook version {version}.)"
 
 
 def _section_heading(section: str) -> str:
@@ -373,16 +413,34 @@ def _render_bullet(b: Bullet) -> str:
     return f"- [{b.id}] {b.content}"
 
 
-def render_prompt(playbook: Playbook) -> str:
-    """The playbook as system-prompt text. Deterministic: sections in first-appearance order, bullets by id."""
-    lines = [_header(playbook.namespace, playbook.version)]
+def render_prompt(playbook: Playbook, *, note: str | None = None, grouped: bool = False) -> str:
+    """The playbook as system-prompt text. Deterministic, and laid out for prefix caching (see above): the
+    header, the settled bullets grouped by section, the newer ones in id order, ``note`` (if any), and last the
+    version. ``grouped`` puts every bullet under its section's one heading (for views whose bullets are
+    chosen by score, which have no stable prefix to keep)."""
+    bullets = sorted(playbook.bullets, key=lambda b: _id_number(b.id))
+    mark = playbook.next_id + 1 if grouped else settling_mark(playbook.next_id)
+    settled = [b for b in bullets if _id_number(b.id) < mark]
+    newer = [b for b in bullets if _id_number(b.id) >= mark]
+    lines = [_header()]
     by_section: dict[str, list[Bullet]] = {}
-    for b in playbook.bullets:
+    for b in settled:
         by_section.setdefault(b.section, []).append(b)
-    for section, bullets in by_section.items():
+    for section, members in by_section.items():
         lines.append("")
         lines.append(_section_heading(section))
-        lines.extend(_render_bullet(b) for b in bullets)
+        lines.extend(_render_bullet(b) for b in members)
+    if newer and settled:
+        lines += ["", _NEWER]
+    previous = None
+    for b in newer:
+        if b.section != previous:
+            lines += ["", _section_heading(b.section)]
+            previous = b.section
+        lines.append(_render_bullet(b))
+    if note:
+        lines += ["", note]
+    lines += ["", _footer(playbook.version)]
     return "\n".join(lines) + "\n"
 
 

@@ -176,7 +176,6 @@ def reflector_ask(
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.reflector_reply_tags if view.shown else prompts.reflector_reply_plain
         user = prompts.reflector_user.format(
-            version=playbook.version,
             playbook=escape_markup(view.text(prompts)),
             trace=trace_json,
             outcome=outcome,
@@ -267,7 +266,6 @@ def curator_ask(
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.curator_reply_all_ops if view.shown else prompts.curator_reply_add_only
         user = prompts.curator_user.format(
-            version=playbook.version,
             playbook=escape_markup(view.text(prompts)),
             count=len(reflections),
             reflections=lines,
@@ -331,7 +329,6 @@ def merger_ask(
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.merger_reply_all_ops if target_ids(view) else prompts.merger_reply_add_only
         user = prompts.merger_user.format(
-            version=playbook.version,
             playbook=escape_markup(view.text(prompts)),
             count=len(proposals),
             proposals=lines,

@@ -61,15 +61,15 @@ class PlaybookView:
         return len(self.shown) < len(self.playbook.bullets)
 
     def text(self, prompts: PromptSet = DEFAULT_PROMPTS) -> str:
-        """The rendered playbook (version header, sections, bullets), with a note when it is a subset or empty."""
-        shown = self.playbook if not self.partial else self.playbook.model_copy(update={"bullets": self.shown})
-        lines = render_prompt(shown).rstrip("\n").split("\n")
-        header, rest = lines[:2], lines[2:]
+        """The rendered playbook (:func:`render_prompt`'s layout), with a note after the bullets when it is a
+        subset or empty. A subset is chosen by score, so it is grouped by section throughout: its text has no
+        stable prefix to keep anyway."""
         if self.partial:
-            header.append(prompts.subset_note.format(shown=len(self.shown), total=len(self.playbook.bullets)))
-        elif not self.playbook.bullets:
-            header.append(prompts.empty_note)
-        return "\n".join(header + rest)
+            shown = self.playbook.model_copy(update={"bullets": self.shown})
+            subset = prompts.subset_note.format(shown=len(self.shown), total=len(self.playbook.bullets))
+            return render_prompt(shown, note=subset, grouped=True).rstrip("\n")
+        empty = None if self.playbook.bullets else prompts.empty_note
+        return render_prompt(self.playbook, note=empty).rstrip("\n")
 
 
 def playbook_view(playbook: Playbook, shown: Sequence[Bullet] | None = None) -> PlaybookView:

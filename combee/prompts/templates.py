@@ -50,7 +50,7 @@ do, with any identifiers, formulas or thresholds the run revealed. No generic ad
 
 
 REFLECTOR_USER = """\
-Current playbook (version {version}):
+Current playbook:
 <playbook>
 {playbook}
 </playbook>
@@ -100,7 +100,7 @@ Reply with one JSON object matching the requested schema and nothing else."""
 
 
 CURATOR_USER = """\
-Current playbook (version {version}):
+Current playbook:
 <playbook>
 {playbook}
 </playbook>
@@ -140,7 +140,7 @@ and nothing else."""
 
 
 MERGER_USER = """\
-Current playbook (version {version}):
+Current playbook:
 <playbook>
 {playbook}
 </playbook>
@@ -187,8 +187,8 @@ Reply again with the corrected JSON object only, in the format asked for above: 
 
 
 SUBSET_NOTE = """\
-(Only {shown} of the playbook's {total} bullets are shown: those with the best helpful-minus-harmful record. \
-The others exist but are left out to fit the context.)"""
+(Only {shown} of the playbook's {total} bullets are shown above: those with the best helpful-minus-harmful \
+record. The others exist but are left out to fit the context.)"""
 
 
 EMPTY_NOTE = "(No lessons yet: the playbook is empty.)"
@@ -224,17 +224,17 @@ DEFAULT_PROMPTS = PromptSet()
 
 _REQUIRED: Mapping[str, frozenset[str]] = {
     "reflector_system": frozenset({"max_insights"}),
-    "reflector_user": frozenset({"version", "playbook", "trace", "outcome", "reply"}),
+    "reflector_user": frozenset({"playbook", "trace", "outcome", "reply"}),
     "outcome_failed": frozenset(),
     "outcome_succeeded": frozenset(),
     "reflector_reply_tags": frozenset(),
     "reflector_reply_plain": frozenset(),
     "curator_system": frozenset({"max_ops"}),
-    "curator_user": frozenset({"version", "playbook", "count", "reflections", "reply"}),
+    "curator_user": frozenset({"playbook", "count", "reflections", "reply"}),
     "curator_reply_all_ops": frozenset(),
     "curator_reply_add_only": frozenset(),
     "merger_system": frozenset(),
-    "merger_user": frozenset({"version", "playbook", "count", "proposals", "reply"}),
+    "merger_user": frozenset({"playbook", "count", "proposals", "reply"}),
     "merger_reply_all_ops": frozenset(),
     "merger_reply_add_only": frozenset(),
     "generator_system": frozenset({"playbook"}),

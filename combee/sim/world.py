@@ -379,8 +379,11 @@ class _Bullet:
 
 
 def _playbook_bullets(text: str) -> list[_Bullet]:
+    """The bullets of the ``<playbook>`` block, in id order whatever order the text lists them in (the layout
+    is the prompt's business, not the simulated model's)."""
     block = _block(text, "playbook") or ""
-    return [_Bullet(m.group(1), m.group(2), tuple(insight_keys_in(m.group(2)))) for m in _BULLET_RE.finditer(block)]
+    found = [_Bullet(m.group(1), m.group(2), tuple(insight_keys_in(m.group(2)))) for m in _BULLET_RE.finditer(block)]
+    return sorted(found, key=lambda b: int(b.id[1:]))
 
 
 def _stochastic_round(x: float, rng: random.Random) -> int:

@@ -62,7 +62,8 @@ def test_learn_writes_outputs_and_call_counts_match_the_plan(sim: SimThread, tra
     kept = applied["added"] - applied.get("removed", 0) - applied.get("deduplicated", 0) - applied.get("evicted", 0)
     assert kept == m["playbook_entries"]
     assert m["eval"]["total"] == 20
-    assert (out / "prompt.md").read_text().startswith("# Playbook · version 3")
+    prompt = (out / "prompt.md").read_text()
+    assert prompt.startswith("# Playbook\n") and prompt.endswith("\n(Playbook version 3.)\n")
     assert json.loads((out / "playbook.json").read_text())["version"] == 3
 
 

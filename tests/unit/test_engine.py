@@ -69,7 +69,7 @@ async def test_reflections_run_concurrently_against_a_frozen_playbook():
     pb = Playbook(namespace="ns")
     await run_window(window(30), pb, llm, MethodConfig())
     assert llm.max_in_flight >= 30
-    versions = {r.messages[1].content.split("(version ")[1].split(")")[0] for r in llm.calls(Role.REFLECTOR)}
+    versions = {r.messages[1].content.split("(Playbook version ")[1].split(".)")[0] for r in llm.calls(Role.REFLECTOR)}
     assert versions == {"0"}
 
 

@@ -16,6 +16,7 @@ from combee.playbook import (
     normalise_text,
     playbook_tokens,
     render_prompt,
+    settling_mark,
 )
 
 bullet_ids = st.integers(1, 30).map(lambda n: f"b{n:05d}")
@@ -158,6 +159,61 @@ def test_render_is_deterministic_and_grouped():
     assert text == render_prompt(pb)
     assert text.index("## b sec") < text.index("## a sec")  # first-appearance order
     assert "- [b00001] two" in text and "version 1" in text
+
+
+def _without_footer(text: str) -> str:
+    body, footer = text.rstrip("\n").rsplit("\n\n", 1)
+    assert footer.startswith("(Playbook version ")
+    return body
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(add_ops, min_size=1, max_size=3), min_size=1, max_size=40))
+def test_adding_bullets_appends_to_the_rendering_until_the_mark_moves(steps):
+    # Prefix caching: between two settling marks, version t's text (without its version footer) is a prefix
+    # of version t+1's when t+1 only adds bullets.
+    pb = Playbook(namespace="ns")
+    for i, step in enumerate(steps):
+        after, stats = apply_delta(pb, delta(step, f"w{i}", version=pb.version))
+        if stats.deduplicated == 0 and settling_mark(after.next_id) == settling_mark(pb.next_id):
+            assert _without_footer(render_prompt(after)).startswith(_without_footer(render_prompt(pb)))
+        pb = after
+
+
+def test_nothing_before_the_bullets_changes_with_the_version():
+    a = grown([AddOp(section="s", content="one")])
+    b, _ = apply_delta(a, delta([], "w1", version=a.version))
+    text_a, text_b = render_prompt(a), render_prompt(b)
+    assert text_a != text_b and _without_footer(text_a) == _without_footer(text_b)
+    assert text_b.endswith("\n\n(Playbook version 2.)\n") and text_b.count("version") == 1
+
+
+def test_settling_mark_is_a_monotone_ladder_leaving_a_fifth_at_most_unsettled():
+    marks = [settling_mark(n) for n in range(1, 5000)]
+    assert marks == sorted(marks) and settling_mark(15) == 15 and settling_mark(16) == 16 == settling_mark(19)
+    assert len(set(marks[15:])) <= 30  # re-groupings over 5,000 ids
+    assert all(n - m <= n // 5 + 1 for n, m in zip(range(16, 5000), marks[15:], strict=True))
+
+
+def test_newer_bullets_follow_the_settled_ones_under_their_section():
+    ops_ = [AddOp(section=["a_sec", "b_sec"][i % 2], content=f"lesson {i}") for i in range(18)]
+    pb = grown(ops_)  # next_id 19: ids 1..15 settled, 16..18 newer
+    text = render_prompt(pb)
+    settled, newer = text.split("Newer lessons, in the order they were learned (a section may appear again):")
+    assert settled.index("## a sec") < settled.index("## b sec") and "[b00016]" not in settled
+    assert (
+        newer.index("## b sec\n- [b00016]") < newer.index("## a sec\n- [b00017]") < newer.index("## b sec\n- [b00018]")
+    )
+    grouped = render_prompt(pb, grouped=True)
+    assert "Newer lessons" not in grouped and grouped.count("## a sec") == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(add_ops, min_size=20, max_size=60), st.integers(64, 400))
+def test_the_rendering_with_newer_bullets_fits_the_budget(seed_ops, budget):
+    pb = grown(seed_ops[:16])
+    pb, _ = apply_delta(pb, delta(seed_ops[16:], "w1", version=pb.version), ApplyPolicy(token_budget=budget))
+    assert playbook_tokens(pb) <= budget
 
 
 def test_section_cap_folds_into_general():

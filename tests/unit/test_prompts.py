@@ -5,7 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from combee.errors import ConfigError, LLMParseError
-from combee.models import LIMITS, AddOp, Playbook, RemoveOp, Trace, UpdateOp
+from combee.models import LIMITS, AddOp, Delta, Playbook, Reflection, RemoveOp, Trace, UpdateOp
+from combee.playbook import apply_delta
 from combee.prompts import (
     DEFAULT_PROMPTS,
     MergeAnswer,
@@ -14,6 +15,7 @@ from combee.prompts import (
     curator_request,
     data_json,
     load_object,
+    merger_request,
     parse_answer,
     parse_merge,
     parse_operations,
@@ -294,3 +296,29 @@ def test_a_trace_longer_than_the_models_context_is_clipped_to_fit_not_refused() 
     assert fit_payload(small, 10_000) == (small, False)
     cut, changed = fit_payload({"task": "a" * 5000, "steps": [{"kind": "a", "content": "b" * 50}] * 300}, 3000)
     assert changed and len(json.dumps(cut)) <= 3100 and set(cut) == {"task", "steps"}
+
+
+def test_consecutive_versions_share_the_prompt_up_to_the_old_playbooks_last_bullet():
+    # Prefix caching (issue 12, item 4): the fixed system message, then the playbook with nothing per-version
+    # before its bullets, then the per-item part, then the reply instructions. A version that only adds bullets
+    # keeps the previous version's whole playbook as the common prefix of every role's prompt.
+    def grow(pb: Playbook, n: int) -> Playbook:
+        ops = tuple(AddOp(section=f"s{(pb.next_id + i) % 3}", content=f"lesson {pb.next_id + i}") for i in range(n))
+        return apply_delta(pb, Delta(namespace="ns", window_id=f"w{pb.version}", base_version=pb.version, ops=ops))[0]
+
+    old = grow(Playbook(namespace="ns"), 20)  # next_id 21: the settling mark (20) stays until 25
+    new = grow(old, 2)
+    last_line = f"- [{old.bullets[-1].id}] {old.bullets[-1].content}\n"
+    trace = Trace(trace_id="t", namespace="ns", task="q", output="a")
+    refl = [Reflection(trace_id="t", base_version=0)]
+    props = [Proposal("p1", AddOp(section="s", content="x"))]
+    for build in (
+        lambda pb: reflector_request(trace, pb),
+        lambda pb: curator_request(refl, pb),
+        lambda pb: merger_request(props, pb),
+    ):
+        a, b = (build(pb).messages for pb in (old, new))
+        assert a[0] == b[0]  # the system message is fixed
+        cut = a[1].content.index(last_line) + len(last_line)
+        assert a[1].content[:cut] == b[1].content[:cut] and "version" not in a[1].content[:cut]
+        assert b[1].content.index("(Playbook version 2.)") < b[1].content.index("</playbook>")

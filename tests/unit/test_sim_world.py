@@ -10,6 +10,9 @@ import statistics
 
 import pytest
 
+from combee.models import AddOp, Delta, Playbook, Reflection, Trace
+from combee.playbook import apply_delta
+from combee.prompts import Proposal, curator_request, merger_request, reflector_request
 from combee.sim.protocol import SimRequest
 from combee.sim.world import Behaviour, WorldResponder, insight_content, insight_section
 
@@ -125,3 +128,29 @@ def test_an_overloaded_merge_keeps_the_most_repeated_new_insights_first() -> Non
     for seed in range(20):
         keep = json.loads(world.respond(_request(user), random.Random(seed)) or "{}")["keep"]
         assert keep[0] == "p0" and len(keep) <= 6
+
+
+def test_the_answers_do_not_depend_on_how_the_playbook_lays_out_its_bullets() -> None:
+    # The prompt lays bullets out for prefix caching (settled ones by section, newer ones after); the simulated
+    # model reads the same bullets whatever their order, so a layout can make no role's answer easier.
+    keys = [_key(i) for i in range(22)]  # next_id 23: ids 20-22 are listed after the settled ones
+    ops = tuple(AddOp(section=insight_section(k), content=insight_content(k, 1)) for k in keys)
+    pb = apply_delta(Playbook(namespace="ns"), Delta(namespace="ns", window_id="w", base_version=0, ops=ops))[0]
+    trace = Trace(trace_id="t", namespace="ns", task=f"Apply rule {keys[20]}.", output="1")
+    refl = [Reflection(trace_id="t", base_version=1, insights=())]
+    props = [Proposal("p1", AddOp(section=insight_section(keys[3]), content=insight_content(keys[3], 2)))]
+    world = WorldResponder()
+    for request in (reflector_request(trace, pb), curator_request(refl, pb), merger_request(props, pb)):
+        user = request.messages[1].content
+        lines = user.split("\n")
+        bullets = [i for i, line in enumerate(lines) if line.startswith("- [b")]
+        shuffled = [lines[i] for i in bullets]
+        random.Random(5).shuffle(shuffled)
+        for i, line in zip(bullets, shuffled, strict=True):
+            lines[i] = line
+        assert lines != user.split("\n") and "Newer lessons" in user
+        answers = {
+            world.respond(_request(text, system=request.messages[0].content), random.Random(11))
+            for text in (user, "\n".join(lines))
+        }
+        assert len(answers) == 1
