@@ -1,17 +1,50 @@
 """Dynamic batch-size controller (paper §3.3), offline and streaming.
 
-Model: the time to learn from a fixed amount of traces at batch size ``bs`` falls as a power law,
-``T(bs) = A · bs^(−α)`` (per trace: one iteration's wall time divided by its batch size). Trial iterations
-at candidate sizes give points; a least-squares fit in log-log space gives ``A`` and ``α``. The curve's slope
-``−αA·bs^(−α−1)`` is steepest at the smallest batch size considered; ``τ`` is ``tau_fraction`` (1.6 %) of that
-steepest slope, and the controller picks the plateau where the slope has flattened to ``τ``:
-``bs* = (αA/τ)^(1/(α+1))``, clamped to ``[bs_min, bs_max]``. Where the steepest slope is measured is fixed
-(``reference_bs``, 8), not the smallest size that happened to be profiled: since
-``bs* = reference · tau_fraction^(−1/(α+1))``, anchoring it on the profiling grid made the choice proportional
-to the grid's smallest trial (trials 16/32/64 chose ~2× what trials 8/16/32 chose on the same curve).
-Beyond ``bs*`` a bigger batch buys almost no time and only risks quality.
+**Model.** One iteration of ``bs`` traces takes ``W(bs) = L + c·bs`` seconds: ``L`` is the serial latency every
+iteration pays whatever its size (reflect, curate and merge rounds, each waiting for its slowest call), ``c`` the
+cost of one more trace once the server's throughput is what limits (a GPU's shared prefill and decode, a
+tokens-per-minute budget). Per trace, ``T(bs) = W(bs)/bs = c + L/bs``: a curve that falls towards the floor ``c``.
+Under the ``gpu`` serving profile the measured per-trace times follow it (b20 0.095, b50 0.064, b100 0.0575, b200
+0.0505 → c ≈ 0.046, L ≈ 1.0). The paper's power law ``A·bs^−α`` does not: fitted to such a curve, α depends on the
+range profiled (0.22–0.25 over 16–64, 0.37–0.42 over 8–72), and so did every choice made from it (218–238 against
+147–166 on the same curve).
 
-Streaming adds one guard: a window must be big enough that the pipeline keeps up with the arrival rate
+**Fit** (:func:`fit_floor`). Least squares of ``T`` on ``x = 1/bs``: linear in ``(c, L)``, so three trial sizes
+determine it in closed form, with no starting values and no iterations. Residuals are relative (weights ``1/T²``):
+timing noise is proportional to the time, and a 5 % wobble at bs 8 should count no more than one at bs 64. The fit
+is constrained to ``c ≥ 0`` and ``L ≥ 0`` (the best of the unconstrained solution, when it is feasible, and the two
+boundary fits). The power law with a floor, ``c + A·bs^−α``, is not used: with three trial sizes its three
+parameters pass through every point, noise included, and over a 4–9× range of sizes a lower floor with a steeper
+power fits about as well as a higher floor with a flatter one, so the fitted floor would swing with the noise.
+
+**Rule** (:func:`floor_batch_size`). The smallest batch whose per-trace time is within ``floor_tolerance`` ε (25 %)
+of the floor: ``c + L/bs ≤ (1+ε)·c`` ⇔ ``bs ≥ L/(ε·c)``. Operationally: no larger batch can learn from the same
+traces more than ``1+ε`` times faster, while every further trace in a window risks quality (retention falls with
+the batch size, docs/benchmarks.md). The choice depends on the measured ratio ``L/c`` — the batch at which the
+fixed latency weighs as much as the traces — and not on the sizes where it was measured.
+
+**A quality bound where there is no floor.** When the server is not throughput-bound (``unlimited`` serving, a
+lightly loaded endpoint) ``c ≈ 0``: a larger batch is always faster and ``L/(ε·c)`` runs off to infinity, where
+quality is lost. A bound there cannot come from the timings alone: ``T = L/bs`` has no batch-size scale of its own
+(any rule computed from it returns the same size whatever ``L``), so it comes from the paper, whose rule landed in
+64–94 and kept quality. The paper's rule (:func:`paper_batch_size`): the plateau of a power law ``A·bs^−α`` where
+its slope has flattened to ``tau_fraction`` (1.6 %) of its slope at ``reference_bs`` (8),
+``bs_paper = 8 · 0.016^(−1/(α+1))``, with α taken from the fitted curve itself — its mean log-log slope from bs 8
+to 64, a fixed span — rather than from a power law fitted to the trial points, whose α moves with the profiled
+range. So ``bs_paper`` is, like the floor rule, a function of ``(c, L)``: 63 with no floor (α = 1), larger the
+sooner the floor is reached. The choice is ``min(bs_floor, bs_paper)``, clamped to ``[bs_min, bs_max]``:
+continuous in ``c``, with no threshold on what counts as "c ≈ 0". As ``L/c`` grows the choice rises as
+``4·L/c`` up to ~114 (``L/c`` ≈ 29), then the paper's bound takes over and falls towards 63 (94 at ``L/c`` = 50,
+80 at 100). Under the ``gpu`` profile (``L/c`` ≈ 22) the floor rule decides. (Applying the paper's slope rule
+to ``c + L/bs`` directly would not do: the slope of ``L/bs`` is ``−L/bs²`` whatever ``L`` and ``c``, so the rule
+gives ``8/√0.016 ≈ 63`` whatever was measured.)
+
+**Degenerate timings.** Fewer than two distinct sizes: nothing to fit; the default size. Per-trace time flat, or
+rising with the batch size (fitted ``L = 0``: noise, or a server that charges every trace the same): a larger
+batch buys no time, so the smallest allowed size, which risks the least quality. Per-trace time falling faster
+than ``1/bs`` (the free fit would put the floor below zero): ``c = 0``, latency-bound, the paper's bound decides.
+
+**Streaming** adds one guard: a window must be big enough that the pipeline keeps up with the arrival rate
 (:meth:`BatchSizeController.keep_up_size`). Everything here is pure: timings come in as numbers.
 """
 
@@ -26,72 +59,134 @@ from typing import Any
 __all__ = [
     "BatchSizeController",
     "ControllerDecision",
-    "PowerLawFit",
-    "fit_power_law",
-    "plateau_batch_size",
+    "FloorFit",
+    "fit_floor",
+    "floor_batch_size",
+    "paper_batch_size",
 ]
 
 DEFAULT_TAU_FRACTION = 0.016
+DEFAULT_FLOOR_TOLERANCE = 0.25
+KEEP_UP_HEADROOM = 1.2
+PAPER_SPAN = 8  # the paper's bound matches a power law to the fitted curve from reference_bs to 8× it
 
 
 @dataclass(frozen=True)
-class PowerLawFit:
-    """``T(bs) = A · bs^(−alpha)`` fitted on ``points`` (bs, seconds per trace); ``r2`` in log space."""
+class FloorFit:
+    """``T(bs) = c + L/bs`` fitted on ``points`` (bs, seconds per trace).
 
-    A: float
-    alpha: float
+    ``c`` is the floor (seconds per trace that no batch size removes), ``L`` the seconds every iteration costs
+    whatever its size; ``r2`` is computed on relative residuals (the weights of the fit).
+    """
+
+    c: float
+    L: float
     r2: float
     points: tuple[tuple[float, float], ...]
 
     def time(self, bs: float) -> float:
-        return self.A * bs ** (-self.alpha)
+        """Seconds per trace at batch size ``bs``."""
+        return self.c + self.L / bs
 
-    def slope(self, bs: float) -> float:
-        """dT/dbs (negative when larger batches are faster)."""
-        return -self.alpha * self.A * bs ** (-self.alpha - 1)
+    def iteration_time(self, bs: float) -> float:
+        """Seconds for one iteration of ``bs`` traces: ``L + c·bs``."""
+        return self.L + self.c * bs
 
 
-def fit_power_law(points: Iterable[tuple[float, float]]) -> PowerLawFit:
-    """Least squares of ``log T = log A − α log bs`` over points with positive coordinates.
+def fit_floor(points: Iterable[tuple[float, float]]) -> FloorFit:
+    """Weighted least squares of ``T = c + L·(1/bs)`` with weights ``1/T²``, subject to ``c ≥ 0``, ``L ≥ 0``.
 
-    Raises ValueError with fewer than two distinct batch sizes.
+    Points with a non-positive coordinate are ignored. Raises ValueError with fewer than two distinct batch sizes.
     """
     pts = tuple((float(b), float(t)) for b, t in points if b > 0 and t > 0)
-    xs = [math.log(b) for b, _ in pts]
-    ys = [math.log(t) for _, t in pts]
-    if len(set(xs)) < 2:
-        raise ValueError("need timings at two or more distinct batch sizes to fit T(bs) = A·bs^(-alpha)")
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    slope = sxy / sxx
-    intercept = my - slope * mx
-    ss_tot = sum((y - my) ** 2 for y in ys)
-    ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys, strict=True))
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return PowerLawFit(A=math.exp(intercept), alpha=-slope, r2=r2, points=pts)
+    if len({b for b, _ in pts}) < 2:
+        raise ValueError("need timings at two or more distinct batch sizes to fit T(bs) = c + L/bs")
+    xs = [1.0 / b for b, _ in pts]
+    ts = [t for _, t in pts]
+    ws = [1.0 / (t * t) for t in ts]
+
+    def sse(c: float, lat: float) -> float:
+        return sum(w * (t - c - lat * x) ** 2 for w, x, t in zip(ws, xs, ts, strict=True))
+
+    sw = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs, strict=True)) / sw
+    mt = sum(w * t for w, t in zip(ws, ts, strict=True)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs, strict=True))
+    sxt = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts, strict=True))
+    lat = sxt / sxx  # sxx > 0: two distinct sizes
+    candidates = [(mt, 0.0)]  # L = 0: no speed-up from batching, the floor is the weighted mean
+    through_origin = sum(w * x * t for w, x, t in zip(ws, xs, ts, strict=True)) / sum(
+        w * x * x for w, x in zip(ws, xs, strict=True)
+    )
+    candidates.append((0.0, through_origin))  # c = 0: latency-bound
+    if lat >= 0 and mt - lat * mx >= 0:
+        candidates.append((mt - lat * mx, lat))  # the free fit, when feasible, is the best of all
+    c, lat = min(candidates, key=lambda p: sse(*p))
+    # Rounding leaves ~1e-17 where the answer is 0 (identical per-trace times, an exact 1/bs curve): call it 0,
+    # so that the degenerate cases are recognised as such.
+    scale = max(ts)
+    c = 0.0 if c < 1e-9 * scale else c
+    lat = 0.0 if lat < 1e-9 * scale * max(b for b, _ in pts) else lat
+    ss_tot = sum(w * (t - mt) ** 2 for w, t in zip(ws, ts, strict=True))
+    r2 = 1.0 - sse(c, lat) / ss_tot if ss_tot > 0 else 1.0
+    return FloorFit(c=c, L=lat, r2=r2, points=pts)
 
 
-def plateau_batch_size(fit: PowerLawFit, steepest_at: float, tau_fraction: float = DEFAULT_TAU_FRACTION) -> float:
-    """Unclamped ``bs* = (αA/τ)^(1/(α+1))`` with ``τ = tau_fraction · |slope(steepest_at)|``.
+def floor_batch_size(fit: FloorFit, tolerance: float = DEFAULT_FLOOR_TOLERANCE) -> float:
+    """Unclamped smallest ``bs`` with ``T(bs) ≤ (1 + tolerance)·c``, i.e. ``L/(tolerance·c)``.
 
-    Returns ``inf`` when the fit shows no speed-up from batching (α ≤ 0): then the largest allowed size is
-    as good as any and the caller's clamp decides.
+    ``0`` when ``L = 0`` (every size is at the floor); ``inf`` when ``c = 0`` and ``L > 0`` (no floor: every
+    larger size is faster).
     """
-    if fit.alpha <= 0:
+    if tolerance <= 0:
+        raise ValueError("tolerance must be positive")
+    if fit.L <= 0:
+        return 0.0
+    if fit.c <= 0:
         return math.inf
-    tau = tau_fraction * abs(fit.slope(steepest_at))
-    return float((fit.alpha * fit.A / tau) ** (1.0 / (fit.alpha + 1.0)))
+    return fit.L / (tolerance * fit.c)
+
+
+def paper_batch_size(
+    fit: FloorFit, reference_bs: float = 8, tau_fraction: float = DEFAULT_TAU_FRACTION
+) -> tuple[float, float]:
+    """The paper's plateau rule on the power law matched to ``fit`` over a fixed span: ``(alpha, bs)``.
+
+    ``alpha`` is the fitted curve's mean log-log slope from ``reference_bs`` to ``PAPER_SPAN × reference_bs``
+    (8 to 64), ``−ln(T(64)/T(8)) / ln 8``: 1 without a floor, smaller the sooner the floor is reached. On
+    ``A·bs^−α`` the slope is ``tau_fraction`` of its value at the reference where
+    ``bs = reference · tau_fraction^(−1/(α+1))``. The span is fixed, not the profiled range, so that the bound
+    is a function of ``(c, L)`` alone, like the floor rule.
+    """
+    lo, hi = float(reference_bs), float(reference_bs) * PAPER_SPAN
+    alpha = math.log(fit.time(lo) / fit.time(hi)) / math.log(PAPER_SPAN) if fit.L > 0 else 0.0
+    return alpha, lo * tau_fraction ** (-1.0 / (alpha + 1.0))
+
+
+def _fmt_bs(value: float | None) -> str:
+    return "inf" if value is None or math.isinf(value) else f"{value:.1f}"
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) else value
 
 
 @dataclass(frozen=True)
 class ControllerDecision:
-    """What the controller chose and why — printed by ``combee learn --batch-size auto`` and ``combee status``."""
+    """What the controller chose and why — printed by ``combee learn --batch-size auto`` and ``combee status``.
+
+    ``fit`` is the floor model; ``floor_bs`` its rule's unclamped size; ``alpha`` and ``paper_bs`` the paper's
+    bound on the same fit (:func:`paper_batch_size`); ``raw = min(floor_bs, paper_bs)``, before clamping to
+    ``[bs_min, bs_max]`` and before the keep-up guard (``keep_up``) may raise it.
+    """
 
     batch_size: int
     reason: str
-    fit: PowerLawFit | None = None
-    tau: float | None = None
+    fit: FloorFit | None = None
+    floor_tolerance: float | None = None
+    floor_bs: float | None = None
+    alpha: float | None = None
+    paper_bs: float | None = None
     raw: float | None = None
     keep_up: int | None = None
 
@@ -99,24 +194,30 @@ class ControllerDecision:
         if self.fit is None:
             return f"batch size {self.batch_size}: {self.reason}"
         pts = ", ".join(f"{int(b)}→{t:.4g}s" for b, t in self.fit.points)
-        raw = "inf" if self.raw is None or math.isinf(self.raw) else f"{self.raw:.1f}"
         return (
-            f"batch size {self.batch_size}: {self.reason}; fitted T(bs)=A·bs^-α with A={self.fit.A:.4g}, "
-            f"α={self.fit.alpha:.3f} (r²={self.fit.r2:.3f}) on [{pts}] s/trace; τ={self.tau:.3g}; "
-            f"plateau bs*={raw}" + (f"; keep-up minimum {self.keep_up}" if self.keep_up else "")
+            f"batch size {self.batch_size}: {self.reason}; fitted T(bs)=c+L/bs with c={self.fit.c:.4g} s, "
+            f"L={self.fit.L:.4g} s (r²={self.fit.r2:.3f}) on [{pts}] per trace; "
+            f"within {self.floor_tolerance or 0:.0%} of the floor from bs={_fmt_bs(self.floor_bs)}; "
+            f"paper's bound (α={self.alpha or 0:.3f} over bs 8–64) bs={_fmt_bs(self.paper_bs)}"
+            + (f"; keep-up minimum {self.keep_up}" if self.keep_up else "")
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """The decision as JSON-ready data (``metrics.json``, the benchmark's results)."""
+        """The decision as JSON-ready data (``metrics.json``, the benchmark's results); infinities as None."""
         return {
             "chosen": self.batch_size,
             "reason": self.reason,
             "explain": self.explain(),
-            "A": self.fit.A if self.fit else None,
-            "alpha": self.fit.alpha if self.fit else None,
+            "model": "T(bs) = c + L/bs",
+            "c": self.fit.c if self.fit else None,
+            "L": self.fit.L if self.fit else None,
             "r2": self.fit.r2 if self.fit else None,
-            "tau": self.tau,
-            "raw": None if self.raw is None or math.isinf(self.raw) else self.raw,
+            "floor_tolerance": self.floor_tolerance,
+            "floor_bs": _finite(self.floor_bs),
+            "alpha": self.alpha,
+            "paper_bs": _finite(self.paper_bs),
+            "raw": _finite(self.raw),
+            "keep_up": self.keep_up,
             "profiled": [[b, t] for b, t in self.fit.points] if self.fit else [],
         }
 
@@ -133,8 +234,9 @@ class BatchSizeController:
     candidates: Sequence[int] = (16, 32, 64)
     bs_min: int = 8
     bs_max: int = 256
+    floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE
     tau_fraction: float = DEFAULT_TAU_FRACTION
-    reference_bs: int = 8  # where the fitted curve's steepest slope is taken (independent of the trial grid)
+    reference_bs: int = 8  # where the paper's bound takes the steepest slope (independent of the trial grid)
     history: int = 64
     default: int = 32
     _obs: deque[tuple[int, float]] = field(init=False)
@@ -144,6 +246,8 @@ class BatchSizeController:
             raise ValueError("candidates must be positive batch sizes")
         if not 1 <= self.bs_min <= self.bs_max:
             raise ValueError(f"need 1 <= bs_min <= bs_max, got {self.bs_min}, {self.bs_max}")
+        if self.floor_tolerance <= 0:
+            raise ValueError(f"floor_tolerance must be positive, got {self.floor_tolerance}")
         self.candidates = tuple(sorted(set(self.candidates)))
         self._obs = deque(maxlen=self.history)
 
@@ -171,25 +275,31 @@ class BatchSizeController:
         # median per size: robust to one slow iteration
         return [(float(b), sorted(v)[len(v) // 2]) for b, v in sorted(by_size.items())]
 
-    def keep_up_size(self, arrival_rate: float, fit: PowerLawFit | None = None) -> int | None:
-        """Smallest window that processes traces at least as fast as they arrive (with 20 % headroom).
+    def keep_up_size(self, arrival_rate: float, fit: FloorFit | None = None) -> int | None:
+        """Smallest window with which the pipeline keeps up with ``arrival_rate`` traces/s (20 % headroom).
 
-        One window of ``b`` traces takes ``b · T(b)`` seconds, so the pipeline keeps up when
-        ``b / (b·T(b)) ≥ rate``, i.e. ``T(b) ≤ 1/rate`` → ``b ≥ (A·rate)^(1/α)``. None if unknown.
+        A window of ``b`` traces takes ``b·T(b) = L + c·b`` seconds, so it keeps up when
+        ``T(b) ≤ 1/(1.2·rate)``, i.e. ``b ≥ L / (1/(1.2·rate) − c)``. The answer is at most ``bs_max``: when no
+        size up to it keeps up (the floor ``c`` alone exceeds the budget, or the size needed is larger), the
+        largest allowed window is the fastest. None when the rate or the fit is unknown, and when no size keeps
+        up and the size makes no difference (``L = 0``).
         """
         if arrival_rate <= 0:
             return None
         fit = fit or self._fit()
-        if fit is None or fit.alpha <= 0:
+        if fit is None:
             return None
-        needed = (fit.A * arrival_rate * 1.2) ** (1.0 / fit.alpha)
-        return max(1, math.ceil(needed - 1e-9))  # tolerate float noise at exact integers
+        budget = 1.0 / (KEEP_UP_HEADROOM * arrival_rate)
+        if fit.c >= budget:
+            return self.bs_max if fit.L > 0 else None
+        needed = fit.L / (budget - fit.c)
+        return min(self.bs_max, max(1, math.ceil(needed - 1e-9)))  # tolerate float noise at exact integers
 
-    def _fit(self) -> PowerLawFit | None:
+    def _fit(self) -> FloorFit | None:
         pts = self._per_trace_points()
         if len({b for b, _ in pts}) < 2:
             return None
-        return fit_power_law(pts)
+        return fit_floor(pts)
 
     def _clamp(self, value: float) -> int:
         if math.isinf(value):
@@ -198,24 +308,43 @@ class BatchSizeController:
 
     def decide(self, arrival_rate: float | None = None) -> ControllerDecision:
         """Choose a batch size from what has been observed so far."""
-        fit = self._fit()
-        if fit is None:
+        pts = self._per_trace_points()
+        if len({b for b, _ in pts}) < 2:
             return ControllerDecision(
                 batch_size=self._clamp(self.default),
                 reason=f"not enough timings yet (need two distinct sizes); using the default {self.default}",
             )
-        steepest_at = float(self.reference_bs)
-        tau = self.tau_fraction * abs(fit.slope(steepest_at))
-        raw = plateau_batch_size(fit, steepest_at, self.tau_fraction)
+        fit = fit_floor(pts)
+        floor_bs = floor_batch_size(fit, self.floor_tolerance)
+        alpha, paper_bs = paper_batch_size(fit, self.reference_bs, self.tau_fraction)
+        raw = min(floor_bs, paper_bs)
         chosen = self._clamp(raw)
-        if fit.alpha <= 0:
-            reason = "timings show no speed-up from larger batches (α ≤ 0); using bs_max"
-        elif raw < self.bs_min or raw > self.bs_max:
-            reason = f"plateau clamped to [{self.bs_min}, {self.bs_max}]"
+        if fit.L <= 0:
+            reason = "timings show no speed-up from larger batches (fitted L = 0); the smallest allowed size"
+        elif paper_bs < floor_bs:
+            reason = (
+                f"the floor (c={fit.c:.3g} s per trace) is too low to bound the batch: the paper's plateau, where "
+                f"the slope is {self.tau_fraction:.1%} of its slope at bs={self.reference_bs}"
+            )
         else:
-            reason = f"plateau where the slope is {self.tau_fraction:.1%} of its steepest (at bs={steepest_at:g})"
+            reason = f"smallest size whose per-trace time is within {self.floor_tolerance:.0%} of the floor"
+        if raw < self.bs_min or raw > self.bs_max:
+            reason += f"; clamped to [{self.bs_min}, {self.bs_max}]"
         keep_up = self.keep_up_size(arrival_rate, fit) if arrival_rate else None
-        if keep_up is not None and keep_up > chosen:
-            chosen = min(self.bs_max, keep_up)
-            reason += f"; raised to {chosen} to keep up with {arrival_rate:.3g} traces/s"
-        return ControllerDecision(batch_size=chosen, reason=reason, fit=fit, tau=tau, raw=raw, keep_up=keep_up)
+        if arrival_rate and keep_up is not None and keep_up > chosen:
+            chosen = keep_up
+            if fit.time(chosen) * KEEP_UP_HEADROOM * arrival_rate > 1.0 + 1e-9:
+                reason += f"; raised to {chosen}: no allowed size keeps up with {arrival_rate:.3g} traces/s"
+            else:
+                reason += f"; raised to {chosen} to keep up with {arrival_rate:.3g} traces/s"
+        return ControllerDecision(
+            batch_size=chosen,
+            reason=reason,
+            fit=fit,
+            floor_tolerance=self.floor_tolerance,
+            floor_bs=floor_bs,
+            alpha=alpha,
+            paper_bs=paper_bs,
+            raw=raw,
+            keep_up=keep_up,
+        )
