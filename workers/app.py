@@ -29,6 +29,7 @@ from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
 from workers.fanout import handle_reflected
+from workers.kafka_driver import App
 from workers.mapper import handle_window
 from workers.observe import lag_reporter, publish_listener
 from workers.reflect import handle_reflect_task
@@ -99,7 +100,7 @@ def create_app(
     """
     roles = set(roles)
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-    app = faust.App(
+    app = App(
         f"{settings.topic_prefix}-worker",
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
