@@ -13,9 +13,9 @@ from typing import Any
 from combee.engine import curate
 from combee.llm import Role
 from combee.meter import Meter
-from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, Partial
 from workers.context import StageContext
+from workers.pool import take_task
 
 __all__ = ["handle_group"]
 
@@ -23,48 +23,15 @@ log = logging.getLogger("combee.worker.curate")
 
 
 async def handle_group(ctx: StageContext, stream: Any, event: Any, gate: asyncio.Semaphore) -> None:
-    """Register the task and run it in the background (bounded by ``gate``); acks stay in offset order."""
-    msg = event.message
-    ctx.acks.add(stream, event)
-    ctx.touch()
-    try:
-        task = decode(msg.value or b"")
-        if not isinstance(task, GroupTask):
-            raise CodecError(f"expected a group task, got {task.schema_}")
-    except CodecError as exc:
-        await ctx.dead_letter("curate", exc.reason, msg)
-        await ctx.acks.done(event)
-        return
-    await gate.acquire()
-    ctx.in_flight_tasks += 1
-    ctx.spawn(_run(ctx, task, event, gate))
+    """Take a group task off the stream and curate it in the background (:func:`workers.pool.take_task`)."""
 
+    async def skip(task: GroupTask) -> None:
+        await _send_partial(ctx, task, None, 0.0, Meter())  # a skipped group, so the window completes
 
-MAX_UNEXPECTED_FAILURES = 5
-
-
-async def _run(ctx: StageContext, task: GroupTask, event: Any, gate: asyncio.Semaphore) -> None:
-    try:
-        for failure in range(1, MAX_UNEXPECTED_FAILURES + 1):
-            try:
-                await _curate_one(ctx, task)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # not an LLM outage (those wait inside): a bug or bad data
-                log.exception(
-                    "curate %s/%d failed (%d/%d)", task.window_id, task.index, failure, MAX_UNEXPECTED_FAILURES
-                )
-                if failure == MAX_UNEXPECTED_FAILURES:
-                    await ctx.dead_letter("curate", f"group could not be curated: {exc!r}"[:400], event.message)
-                    await _send_partial(ctx, task, None, 0.0, Meter())  # skipped group, so the window completes
-                else:
-                    await asyncio.sleep(min(30.0, 2.0**failure))
-        await ctx.acks.done(event)
-    finally:
-        ctx.in_flight_tasks -= 1
-        ctx.touch()
-        gate.release()
+    await take_task(
+        ctx, stream, event, gate, stage="curate", kind=GroupTask, run=lambda task: _curate_one(ctx, task),
+        give_up=skip, failed="group could not be curated",
+    )  # fmt: skip
 
 
 async def _curate_one(ctx: StageContext, task: GroupTask) -> None:

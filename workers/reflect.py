@@ -8,64 +8,29 @@ the first answer per (window, task, playbook version) (:class:`combee.fanout.Ref
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from combee.engine import reflect
 from combee.llm import Role
 from combee.meter import Meter
-from streams.codec import CodecError, decode
 from streams.envelopes import Reflected, ReflectTask
 from workers.context import StageContext
+from workers.pool import take_task
 
 __all__ = ["handle_reflect_task"]
 
-log = logging.getLogger("combee.worker.reflect")
-
-MAX_UNEXPECTED_FAILURES = 5
-
 
 async def handle_reflect_task(ctx: StageContext, stream: Any, event: Any, gate: asyncio.Semaphore) -> None:
-    """Register the task and run it in the background (bounded by ``gate``); acks stay in offset order."""
-    msg = event.message
-    ctx.acks.add(stream, event)
-    ctx.touch()
-    try:
-        task = decode(msg.value or b"")
-        if not isinstance(task, ReflectTask):
-            raise CodecError(f"expected a reflection task, got {task.schema_}")
-    except CodecError as exc:
-        await ctx.dead_letter("reflect", exc.reason, msg)
-        await ctx.acks.done(event)
-        return
-    await gate.acquire()
-    ctx.in_flight_tasks += 1
-    ctx.spawn(_run(ctx, task, event, gate))
+    """Take a reflection task off the stream and reflect it in the background (:func:`workers.pool.take_task`)."""
 
+    async def skip(task: ReflectTask) -> None:
+        # Given up: the slice's traces are counted as skipped, so the window still completes.
+        await _answer(ctx, task, (None,) * len(task.traces), 0.0)
 
-async def _run(ctx: StageContext, task: ReflectTask, event: Any, gate: asyncio.Semaphore) -> None:
-    try:
-        for failure in range(1, MAX_UNEXPECTED_FAILURES + 1):
-            try:
-                await _reflect_one(ctx, task)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # not an LLM outage (those wait inside): a bug or bad data
-                log.exception(
-                    "reflect %s/%d failed (%d/%d)", task.window_id, task.index, failure, MAX_UNEXPECTED_FAILURES
-                )
-                if failure == MAX_UNEXPECTED_FAILURES:
-                    # Given up: the slice's traces are counted as skipped, so the window still completes.
-                    await ctx.dead_letter("reflect", f"traces could not be reflected: {exc!r}"[:400], event.message)
-                    await _answer(ctx, task, (None,) * len(task.traces), 0.0)
-                else:
-                    await asyncio.sleep(min(30.0, 2.0**failure))
-        await ctx.acks.done(event)
-    finally:
-        ctx.in_flight_tasks -= 1
-        ctx.touch()
-        gate.release()
+    await take_task(
+        ctx, stream, event, gate, stage="reflect", kind=ReflectTask, run=lambda task: _reflect_one(ctx, task),
+        give_up=skip, failed="traces could not be reflected",
+    )  # fmt: skip
 
 
 async def _reflect_one(ctx: StageContext, task: ReflectTask) -> None:

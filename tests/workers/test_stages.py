@@ -19,11 +19,12 @@ from combee.engine import MethodConfig, Window, run_window
 from combee.llm import ChatRequest, Role
 from combee.models import Playbook
 from combee.windowing import WindowPolicy
-from streams.codec import decode, decode_trace
+from streams.codec import decode, decode_trace, encode
 from streams.deltalog import split_log
-from streams.envelopes import DeltaRecord
+from streams.envelopes import DeltaRecord, ReflectTask
 from streams.topics import Topics
 from tests.fakes import ScriptedLLM, block_lines, echo_script
+from workers import pool
 from workers.app import _map_state_decode, _map_state_encode, _snapshot_decode, _snapshot_encode
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
@@ -263,6 +264,35 @@ async def test_undecodable_records_are_dead_lettered() -> None:
     letters = [decode(m.value or b"") for m in kafka.records(ctx.topics.deadletter)]
     assert [type(x).__name__ for x in letters] == ["DeadLetter"] * 3
     assert len(stream.acked) == 3
+
+
+def broken_script(request: ChatRequest) -> str:
+    raise RuntimeError("a bug in the stage, not an LLM outage")
+
+
+async def test_a_pool_task_that_keeps_failing_is_dead_lettered_and_answered_as_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def no_pause(_: float) -> None:
+        return None
+
+    monkeypatch.setattr(pool.asyncio, "sleep", no_pause)
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(broken_script))
+    traces = tuple(decode_trace(trace("alpha", i)) for i in range(3))
+    task = ReflectTask(
+        window_id="alpha/p0/0-2", namespace="alpha", seq=0, index=0, playbook=Playbook(namespace="alpha"), traces=traces
+    )
+    msg = Msg(ctx.topics.reflect, 0, 0, b"alpha/p0/0-2/0", encode(task))
+    await handle_reflect_task(ctx, stream, Event(msg), asyncio.Semaphore(1))
+    await settle(ctx)
+
+    assert len(ctx.llm.requests) == pool.MAX_UNEXPECTED_FAILURES * len(traces)  # type: ignore[attr-defined]
+    letters = [decode(m.value or b"") for m in kafka.records(ctx.topics.deadletter)]
+    assert len(letters) == 1 and letters[0].reason.startswith("traces could not be reflected: RuntimeError")  # type: ignore[union-attr]
+    answers = [decode(m.value or b"") for m in kafka.records(ctx.topics.reflections)]
+    assert len(answers) == 1 and answers[0].reflections == (None, None, None)  # type: ignore[union-attr]
+    assert stream.acked == [(ctx.topics.reflect, 0, 0)] and ctx.in_flight_tasks == 0
 
 
 async def test_a_record_the_stream_skipped_is_read_directly_and_learned() -> None:
