@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from combee.engine import fold_delta_ops, merge
 from combee.llm import Role
@@ -26,7 +26,6 @@ from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
 from combee.scan import ReadyNode, ReduceTracker
-from streams.codec import CodecError, decode
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
 from workers.commit import bind, commit, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
@@ -38,17 +37,14 @@ log = logging.getLogger("combee.worker.combine")
 
 
 async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
-    msg = event.message
-    ctx.acks.add(stream, event)
-    ctx.touch()
-    try:
-        env = decode(msg.value or b"")
-        if not isinstance(env, WindowPlan | Partial | Control):
-            raise CodecError(f"unexpected {env.schema_} on the partials topic")
-    except CodecError as exc:
-        await ctx.dead_letter("combine", exc.reason, msg)
-        await ctx.acks.done(event)
+    kinds = (WindowPlan, Partial, Control)
+    env = cast(
+        "WindowPlan | Partial | Control | None",
+        await ctx.receive(stream, event, kinds, "combine", "a record of the partials topic"),
+    )
+    if env is None:
         return
+    msg = event.message
     tenure = await ensure_ready(ctx, msg.partition)
     if not is_current(ctx, tenure):
         return  # another tenure owns the partition now (maybe ours, after a rebalance): it redoes this record

@@ -20,7 +20,7 @@ from combee.errors import LLMRateLimited, LLMUnavailable
 from combee.llm import LLM, Role
 from combee.metrics import Metrics, NoMetrics
 from combee.windowing import MapState, WindowPolicy
-from streams.codec import dead_letter, encode
+from streams.codec import CodecError, dead_letter, decode, encode
 from streams.envelopes import Envelope, Snapshot
 from streams.topics import Topics, partition_for
 from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
@@ -36,6 +36,7 @@ __all__ = ["StageConfig", "StageContext"]
 
 log = logging.getLogger("combee.worker")
 T = TypeVar("T")
+E = TypeVar("E")
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,28 @@ class StageContext:
             events.append(SyntheticEvent(SyntheticMessage(msg.topic, msg.partition, rec.offset, rec.key, rec.value)))
         self.acks.backfilled += len(events)
         return [*events, event]
+
+    async def receive(
+        self, stream: Any, event: Any, kinds: type[E] | tuple[type[E], ...], stage: str, expected: str
+    ) -> E | None:
+        """Take ``event`` in: register it for in-order acks, mark the worker busy, and decode its record.
+
+        Returns the envelope when it is an instance of ``kinds`` (a class or a tuple of classes); anything else
+        is dead-lettered under ``stage`` ("expected <expected>, got <schema>", or the codec's reason), acked,
+        and None is returned.
+        """
+        msg = event.message
+        self.acks.add(stream, event)
+        self.touch()
+        try:
+            env = decode(msg.value or b"")
+            if not isinstance(env, kinds):
+                raise CodecError(f"expected {expected}, got {env.schema_}")
+        except CodecError as exc:
+            await self.dead_letter(stage, exc.reason, msg)
+            await self.acks.done(event)
+            return None
+        return env
 
     async def dead_letter(self, stage: str, reason: str, message: Any) -> None:
         record = dead_letter(

@@ -20,7 +20,6 @@ from typing import Any
 
 from combee.fanout import ReflectionGather, task_slices
 from combee.models import Playbook, Reflection, Trace
-from streams.codec import CodecError, decode
 from streams.envelopes import Reflected, ReflectTask
 from streams.topics import task_partition
 from workers.context import StageContext
@@ -84,16 +83,8 @@ async def reflect_window(
 
 async def handle_reflected(ctx: StageContext, stream: Any, event: Any) -> None:
     """One answer on the reflections topic: hand it to the window awaiting it (or keep it for later); ack."""
-    msg = event.message
-    ctx.acks.add(stream, event)
-    ctx.touch()
-    try:
-        env = decode(msg.value or b"")
-        if not isinstance(env, Reflected):
-            raise CodecError(f"expected a reflection answer, got {env.schema_}")
-    except CodecError as exc:
-        await ctx.dead_letter("map", exc.reason, msg)
-        await ctx.acks.done(event)
+    env = await ctx.receive(stream, event, Reflected, "map", "a reflection answer")
+    if env is None:
         return
     if not ctx.gathers.offer(env):
         log.debug("answer %s/%d (v%d) kept for later or a duplicate", env.window_id, env.index, env.base_version)

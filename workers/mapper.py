@@ -17,7 +17,6 @@ from combee.models import Playbook, Reflection
 from combee.playbook import count_tags
 from combee.scan import tree_shape
 from combee.windowing import Acceptance, MapState
-from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, WindowEnvelope, WindowPlan
 from workers.context import StageContext
 from workers.fanout import reflect_window
@@ -29,17 +28,10 @@ log = logging.getLogger("combee.worker.map")
 
 
 async def handle_window(ctx: StageContext, stream: Any, event: Any) -> None:
-    msg = event.message
-    ctx.acks.add(stream, event)
-    ctx.touch()
-    try:
-        env = decode(msg.value or b"")
-        if not isinstance(env, WindowEnvelope):
-            raise CodecError(f"expected a window envelope, got {env.schema_}")
-    except CodecError as exc:
-        await ctx.dead_letter("map", exc.reason, msg)
-        await ctx.acks.done(event)
+    env = await ctx.receive(stream, event, WindowEnvelope, "map", "a window envelope")
+    if env is None:
         return
+    msg = event.message
     rt = ctx.runtime(env.namespace)
     await ctx.map_table.recover(msg.partition)
     await ctx.snapshots.recover(msg.partition)

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from streams.codec import CodecError, decode
 from streams.envelopes import GroupTask, ReflectTask
 from workers.context import StageContext
 
@@ -44,16 +43,8 @@ async def take_task(
     ``run`` does the task; once it has failed :data:`MAX_UNEXPECTED_FAILURES` times the record is dead-lettered
     (reason: ``failed`` and the error) and ``give_up`` sends what lets the window complete without the task.
     """
-    msg = event.message
-    ctx.acks.add(stream, event)
-    ctx.touch()
-    try:
-        task = decode(msg.value or b"")
-        if not isinstance(task, kind):
-            raise CodecError(f"expected a {kind.__name__}, got {task.schema_}")
-    except CodecError as exc:
-        await ctx.dead_letter(stage, exc.reason, msg)
-        await ctx.acks.done(event)
+    task = await ctx.receive(stream, event, kind, stage, f"a {kind.__name__}")
+    if task is None:
         return
     await gate.acquire()
     ctx.in_flight_tasks += 1

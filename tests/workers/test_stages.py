@@ -21,7 +21,7 @@ from combee.models import Playbook
 from combee.windowing import WindowPolicy
 from streams.codec import decode, decode_trace, encode
 from streams.deltalog import split_log
-from streams.envelopes import DeltaRecord, ReflectTask
+from streams.envelopes import DeltaRecord, Reflected, ReflectTask
 from streams.topics import Topics
 from tests.fakes import ScriptedLLM, block_lines, echo_script
 from workers import pool
@@ -264,6 +264,28 @@ async def test_undecodable_records_are_dead_lettered() -> None:
     letters = [decode(m.value or b"") for m in kafka.records(ctx.topics.deadletter)]
     assert [type(x).__name__ for x in letters] == ["DeadLetter"] * 3
     assert len(stream.acked) == 3
+
+
+async def test_records_of_the_wrong_kind_on_the_stage_topics_are_dead_lettered_and_acked() -> None:
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    answer = encode(Reflected(window_id="alpha/p0/0-0", namespace="alpha", index=0, base_version=0, reflections=()))
+    task = encode(
+        ReflectTask(
+            window_id="alpha/p0/0-0", namespace="alpha", seq=0, index=0, playbook=Playbook(namespace="alpha"),
+            traces=(decode_trace(trace("alpha", 0)),),
+        )
+    )  # fmt: skip
+    topics = (ctx.topics.windows, ctx.topics.reflect, ctx.topics.reflections, ctx.topics.groups, ctx.topics.partials)
+    for offset, topic in enumerate(topics):
+        wrong = task if topic == ctx.topics.reflections else answer  # a valid envelope, of another topic's kind
+        await deliver(ctx, stream, Event(Msg(topic, 0, offset, b"alpha", wrong)), asyncio.Semaphore(1))
+        await deliver(ctx, stream, Event(Msg(topic, 1, offset, b"alpha", b"{")), asyncio.Semaphore(1))
+    letters = [decode(m.value or b"") for m in kafka.records(ctx.topics.deadletter)]
+    assert len(letters) == 2 * len(topics)
+    assert sum("expected " in letter.reason for letter in letters) == len(topics)  # type: ignore[union-attr]
+    assert sorted(stream.acked) == sorted((t, p, o) for o, t in enumerate(topics) for p in (0, 1))
+    assert ctx.acks.pending() == 0
 
 
 def broken_script(request: ChatRequest) -> str:
