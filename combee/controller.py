@@ -44,6 +44,18 @@ rising with the batch size (fitted ``L = 0``: noise, or a server that charges ev
 batch buys no time, so the smallest allowed size, which risks the least quality. Per-trace time falling faster
 than ``1/bs`` (the free fit would put the floor below zero): ``c = 0``, latency-bound, the paper's bound decides.
 
+**Trial sizes.** The trials are real iterations: each learns from its traces, and each pays the whole latency
+``L``. A trial smaller than the size finally chosen therefore costs ``L·(1 − s/bs)`` more than running its traces
+at that size, and on a latency-bound endpoint (a hosted API, where ``L/c`` ≈ 100) that is nearly a whole
+iteration per trial. The rule's choices lie in ``[bs_min, ~114]`` — the floor rule up to ``L/c`` ≈ 29, the paper's
+bound (63–114) above it — so the default trials bracket that range instead of sitting below it: 32, 64 (the
+answer with no floor at all) and 128 (just above the largest choice), a 4× span in ``1/bs`` for the fit. Measured
+under the simulator's ``api`` profile on a 500-trace run (docs/benchmarks.md, SIMULATED): trials at 16/32/64 spent
+3 of 8 iterations on 112 traces, 1.34× the wall time of the best fixed size; at 32/64/128 they learn 224 traces in
+3 iterations, about what 224 traces cost at the chosen ~78, and the run took 1.25×. A trial larger than the choice
+costs quality instead (one iteration at 128 where ~80 would be chosen). Candidates are clamped to
+``[bs_min, bs_max]``: a trial the windowing cannot produce would never be observed, and profiling would not end.
+
 **Streaming** adds one guard: a window must be big enough that the pipeline keeps up with the arrival rate
 (:meth:`BatchSizeController.keep_up_size`). Everything here is pure: timings come in as numbers.
 """
@@ -231,7 +243,7 @@ class BatchSizeController:
     the current arrival rate; the fit uses the most recent ``history`` observations.
     """
 
-    candidates: Sequence[int] = (16, 32, 64)
+    candidates: Sequence[int] = (32, 64, 128)  # the trial sizes: see "Trial sizes" above
     bs_min: int = 8
     bs_max: int = 256
     floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE
@@ -248,7 +260,8 @@ class BatchSizeController:
             raise ValueError(f"need 1 <= bs_min <= bs_max, got {self.bs_min}, {self.bs_max}")
         if self.floor_tolerance <= 0:
             raise ValueError(f"floor_tolerance must be positive, got {self.floor_tolerance}")
-        self.candidates = tuple(sorted(set(self.candidates)))
+        # a trial outside [bs_min, bs_max] could never be run at its size, so it would never count as profiled
+        self.candidates = tuple(sorted({min(self.bs_max, max(self.bs_min, c)) for c in self.candidates}))
         self._obs = deque(maxlen=self.history)
 
     @property

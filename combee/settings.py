@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     bs_min: int = Field(default=8, ge=1)
     bs_max: int = Field(default=256, ge=1)
     bs_default: int = Field(default=32, ge=1)
-    bs_candidates: tuple[int, ...] = (16, 32, 64)
+    bs_candidates: tuple[int, ...] = (32, 64, 128)
     curate_concurrency: int = Field(default=8, ge=1)
     # The map stage's reflections go out as tasks of at most this many traces, to any worker of the pool
     # (role curate); each worker reflects at most reflect_concurrency tasks at a time.

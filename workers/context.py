@@ -44,7 +44,7 @@ class StageConfig:
     topics: Topics
     method: MethodConfig
     policy: WindowPolicy
-    bs_candidates: tuple[int, ...] = (16, 32, 64)
+    bs_candidates: tuple[int, ...] = (32, 64, 128)
     bs_default: int = 32
     curate_concurrency: int = 8
     reflect_task_size: int = 8  # traces per reflection task (combee.fanout.task_slices)

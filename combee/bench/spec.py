@@ -129,7 +129,8 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 5, 10, 20, 50, 100)
     methods: tuple[str, ...] = ("naive", "combee")
     auto: bool = True
-    auto_grids: tuple[tuple[int, ...], ...] = ((16, 32, 64),)  # the controller's profiling grids (one auto run each)
+    # the controller's profiling grids (one auto run each); by default the controller's own trial sizes
+    auto_grids: tuple[tuple[int, ...], ...] = field(default_factory=lambda: (tuple(BatchSizeController().candidates),))
     sweep: bool = True
     ablations: bool = False
     ablation_batch: int = 100

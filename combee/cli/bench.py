@@ -54,7 +54,7 @@ def _grids(text: str) -> tuple[tuple[int, ...], ...]:
     try:
         grids = tuple(tuple(int(b) for b in part.split("/")) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected grids like 16/32/64,8/24/72, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected grids like 32/64/128,8/24/72, got {text!r}") from None
     if not grids or any(len(g) < 2 or min(g) < 1 for g in grids):
         raise argparse.ArgumentTypeError(f"each grid needs two or more positive sizes, got {text!r}")
     return grids
@@ -117,7 +117,7 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument(
         "--auto-grids",
         type=_grids,
-        help="the controller's profiling grids, one auto run each, e.g. 16/32/64,8/24/72 (default 16/32/64)",
+        help="the controller's profiling grids, one auto run each, e.g. 32/64/128,8/24/72 (default 32/64/128)",
     )
     s.add_argument("--rpm", type=int, dest="rpm", help="requests per minute of the api profile (default 5,000)")
     s.add_argument("--tpm", type=int, dest="tpm", help="tokens per minute of the api profile (default 2,000,000)")

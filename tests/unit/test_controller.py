@@ -229,6 +229,34 @@ def test_as_dict_reports_the_fit():
     assert doc["explain"] == d.explain()
 
 
+# --- the trial sizes ------------------------------------------------------------------------------------
+
+
+def test_the_default_trials_bracket_the_rules_choices():
+    # Trials are real iterations that each pay the latency L: the default grid must not sit below the sizes the
+    # rule chooses (the old 16/32/64 did: every trial was smaller than the 63-114 the paper's bound gives).
+    ctl = BatchSizeController(bs_min=1, bs_max=10_000)
+    raws = [profiled(ctl.candidates, floor_curve(1.0, r), bs_min=1, bs_max=10_000).decide().raw for r in range(1, 2000)]
+    top = max(c for c in raws if c is not None)
+    assert 100 < top < 128 <= max(ctl.candidates)  # the rule's ceiling, ~114, is inside the grid
+    assert min(ctl.candidates) <= top / 2  # and the grid spans it: a 4x range of 1/bs for the fit
+    no_floor = profiled(ctl.candidates, floor_curve(0.0, 1.0), bs_min=1, bs_max=10_000).decide().batch_size
+    assert min(abs(no_floor - b) / b for b in ctl.candidates) < 0.05  # the answer without a floor, 63, is ~a trial
+
+
+def test_trials_are_clamped_to_the_allowed_sizes():
+    # COMBEE_BS_MAX=100 with the default trials: a trial at 128 could never be run at its size, so it would never
+    # count as profiled and the controller would never decide.
+    ctl = BatchSizeController(bs_max=100)
+    assert ctl.candidates == (32, 64, 100)
+    assert BatchSizeController(candidates=(4, 16, 32), bs_min=16).candidates == (16, 32)
+    sizes = []
+    while (b := ctl.next_trial()) is not None:
+        sizes.append(b)
+        ctl.observe(b, (0.05 + 1.0 / b) * b)
+    assert sizes == [32, 64, 100] and ctl.decide().fit is not None
+
+
 def test_rejects_bad_config():
     with pytest.raises(ValueError):
         BatchSizeController(candidates=())
