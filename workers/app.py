@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import faust
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["ROLES", "create_app"]
 
 log = logging.getLogger("combee.worker")
+Handler = Callable[[StageContext, Any, Any], Awaitable[None]]  # a stage: (context, stream, event)
 ROLES = ("learner", "curate")
 
 
@@ -157,38 +158,25 @@ def create_app(
     )
     publisher.on_published = publish_listener(ctx)
 
-    def topic(name: str) -> Any:
-        return app.topic(name, key_serializer="raw", value_serializer="raw", internal=False)
+    def stage_agent(topic_name: str, name: str, handle: Handler) -> None:
+        """One agent per stage topic, all alike: take events unacked (the stage acks when its work is durable),
+        let the context put back what a rebalance held over, and hand each event to the stage."""
+
+        async def run(stream: Any) -> None:
+            s = stream.noack()
+            async for event in s.events():
+                for e in await ctx.with_backfill(event):
+                    await handle(ctx, s, e)
+
+        run.__name__ = run.__qualname__ = name.replace("-", "_")
+        topic = app.topic(topic_name, key_serializer="raw", value_serializer="raw", internal=False)
+        app.agent(topic, name=name)(run)
 
     if "learner" in roles:
-
-        @app.agent(topic(topics.traces), name="combee-window")
-        async def window_stage(stream: Any) -> None:
-            s = stream.noack()
-            async for event in s.events():
-                for e in await ctx.with_backfill(event):
-                    await handle_trace(ctx, s, e)
-
-        @app.agent(topic(topics.windows), name="combee-map")
-        async def map_stage(stream: Any) -> None:
-            s = stream.noack()
-            async for event in s.events():
-                for e in await ctx.with_backfill(event):
-                    await handle_window(ctx, s, e)
-
-        @app.agent(topic(topics.reflections), name="combee-gather")
-        async def gather_stage(stream: Any) -> None:
-            s = stream.noack()
-            async for event in s.events():
-                for e in await ctx.with_backfill(event):
-                    await handle_reflected(ctx, s, e)
-
-        @app.agent(topic(topics.partials), name="combee-combine")
-        async def combine_stage(stream: Any) -> None:
-            s = stream.noack()
-            async for event in s.events():
-                for e in await ctx.with_backfill(event):
-                    await handle_partial(ctx, s, e)
+        stage_agent(topics.traces, "combee-window", handle_trace)
+        stage_agent(topics.windows, "combee-map", handle_window)
+        stage_agent(topics.reflections, "combee-gather", handle_reflected)
+        stage_agent(topics.partials, "combee-combine", handle_partial)
 
         @app.task
         async def window_closer() -> None:
@@ -207,22 +195,16 @@ def create_app(
 
     if "curate" in roles:
         reflect_gate = asyncio.Semaphore(settings.reflect_concurrency)
+        curate_gate = asyncio.Semaphore(settings.curate_concurrency)
 
-        @app.agent(topic(topics.reflect), name="combee-reflect")
-        async def reflect_stage(stream: Any) -> None:
-            s = stream.noack()
-            async for event in s.events():
-                for e in await ctx.with_backfill(event):
-                    await handle_reflect_task(ctx, s, e, reflect_gate)
+        async def reflect(c: StageContext, s: Any, e: Any) -> None:
+            await handle_reflect_task(c, s, e, reflect_gate)
 
-        gate = asyncio.Semaphore(settings.curate_concurrency)
+        async def curate(c: StageContext, s: Any, e: Any) -> None:
+            await handle_group(c, s, e, curate_gate)
 
-        @app.agent(topic(topics.groups), name="combee-curate")
-        async def curate_stage(stream: Any) -> None:
-            s = stream.noack()
-            async for event in s.events():
-                for e in await ctx.with_backfill(event):
-                    await handle_group(ctx, s, e, gate)
+        stage_agent(topics.reflect, "combee-reflect", reflect)
+        stage_agent(topics.groups, "combee-curate", curate)
 
     @app.task
     async def prompt_publisher() -> None:
