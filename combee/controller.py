@@ -240,7 +240,9 @@ class BatchSizeController:
 
     Use: while ``next_trial()`` returns a size, run one (real) iteration of that size and ``observe`` its
     wall time; then ``decide()``. In streaming, keep calling ``observe`` for every window and ``decide`` with
-    the current arrival rate; the fit uses the most recent ``history`` observations.
+    the current arrival rate; the fit uses the most recent ``history`` observations. A trial size that has left
+    that history (``history`` windows at other sizes) is profiled again: the curve moves as the playbook grows,
+    and a fit on the chosen size alone could not separate ``c`` from ``L``.
     """
 
     candidates: Sequence[int] = (32, 64, 128)  # the trial sizes: see "Trial sizes" above

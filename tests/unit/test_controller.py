@@ -257,6 +257,23 @@ def test_trials_are_clamped_to_the_allowed_sizes():
     assert sizes == [32, 64, 100] and ctl.decide().fit is not None
 
 
+def test_a_long_run_at_one_size_profiles_again():
+    # the streaming workers observe every window; once the trials have left the history, they are run again
+    ctl = BatchSizeController(history=8)
+    for b in ctl.candidates:
+        ctl.observe(b, (0.05 + 1.0 / b) * b)
+    assert ctl.next_trial() is None
+    chosen = ctl.decide().batch_size
+    for _ in range(5):
+        ctl.observe(chosen, (0.07 + 1.0 / chosen) * chosen)  # the floor has risen: a bigger playbook
+        assert ctl.next_trial() is None  # the trials are still in the history
+    ctl.observe(chosen, (0.07 + 1.0 / chosen) * chosen)  # 32 leaves the history
+    assert ctl.next_trial() == 32
+    for b in ctl.candidates:
+        ctl.observe(b, (0.07 + 1.0 / b) * b)
+    assert ctl.next_trial() is None and ctl.decide().fit.c == pytest.approx(0.07)
+
+
 def test_rejects_bad_config():
     with pytest.raises(ValueError):
         BatchSizeController(candidates=())
