@@ -29,7 +29,7 @@ from combee.cli.base import CliError, Progress, given_options, positive_int
 from combee.redaction import redact_url, strip_query
 from combee.settings import Settings
 from combee.tasks.data import DATA_ENV, default_data_dir
-from combee.wiring import build_llm, method_config
+from combee.wiring import build_llm, build_near_duplicates, method_config
 
 __all__ = ["add_task_command", "configure_parser", "display_url", "probe_models"]
 
@@ -255,12 +255,15 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             finally:
                 await llm.aclose()
 
+        # the de-duplicator `combee learn` and the workers use (COMBEE_EMBEDDINGS), so the harness measures them
+        dedup = build_near_duplicates(settings, log=None if args.quiet else lambda m: err.write(f"combee task: {m}\n"))
         config = HarnessConfig(
             task=spec.name,
             train=train,
             test=test,
             methods=_learn_configs(settings, args.methods, batch),
             concurrency=settings.llm_max_concurrency,
+            dedup=dedup,
         )
         load_start = os.getloadavg()
         timed, steps, on_phase, on_step = _timing_journal(args.out, enabled=cache_root is not None)
@@ -289,6 +292,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             "max_fan_in": settings.max_fan_in,
             "reduce_shape": settings.reduce_shape,
             "token_budget": settings.token_budget,
+            "dedup": {"embedder": dedup.embedder.name, "threshold": dedup.threshold} if dedup else None,
         },
         "llm": {
             "concurrency": settings.llm_max_concurrency,

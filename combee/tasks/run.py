@@ -35,7 +35,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from combee.errors import ContextTooSmall
 from combee.learner import LearnConfig, LearnResult, learn
@@ -43,6 +43,9 @@ from combee.llm import LLM, ChatRequest, ChatResponse, Role, context_tokens_of
 from combee.models import Playbook, Trace
 from combee.tasks.agent import Attempt, answer_all, to_trace
 from combee.tasks.data import Question
+
+if TYPE_CHECKING:
+    from combee.embeddings import NearDuplicates
 
 __all__ = [
     "BASELINE",
@@ -238,6 +241,7 @@ class HarnessConfig:
     test: Sequence[Question]
     methods: Mapping[str, LearnConfig]
     concurrency: int = 4
+    dedup: NearDuplicates | None = None  # the learners' semantic de-duplicator, as the workers use it; None: exact
 
 
 @dataclass
@@ -346,7 +350,12 @@ async def run_harness(
         try:
             async with llm_for(name) as llm:
                 learned[method] = await learn(
-                    traces, MeteredLLM(llm, stats), learn_config, progress=_learn_progress(p, step), clock=clock
+                    traces,
+                    MeteredLLM(llm, stats),
+                    learn_config,
+                    progress=_learn_progress(p, step),
+                    clock=clock,
+                    dedup=config.dedup,
                 )
         except ContextTooSmall as exc:  # this method's calls do not fit the model; the others may
             failed[method] = f"{exc} (serve a larger context per slot, or use a smaller --batch-size)"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from combee.cli import main
 from combee.cli.task import display_url
+from combee.embeddings import NearDuplicates
 from combee.engine import Method, MethodConfig
 from combee.learner import LearnConfig
 from combee.llm import LLM, ChatRequest, ChatResponse, Role
@@ -26,7 +28,7 @@ from combee.tasks.run import (
     run_harness,
     with_timing,
 )
-from tests.fakes import ScriptedLLM, block_lines, echo_script
+from tests.fakes import GroupEmbedder, ScriptedLLM, block_lines, echo_script
 
 QUESTIONS = [Question(f"q:{i}", f"Question {i}: what is {i} + {i}? Answer:", f"{2 * i}.0") for i in range(1, 9)]
 
@@ -90,6 +92,36 @@ async def test_every_method_learns_the_same_traces_and_every_playbook_sees_the_s
     assert doc["traces"]["success_rate"] == 0.5
     text = markdown(doc)
     assert "| combee |" in text and "real model" in text
+
+
+async def test_the_learners_fold_near_duplicates_with_the_configured_de_duplicator() -> None:
+    # the workers and `combee learn` de-duplicate semantically; the harness must measure that configuration
+    def reworded(request: ChatRequest) -> str:
+        if request.role is not Role.REFLECTOR:
+            return _script(request)
+        i = int(block_lines(request, "trace")[0]["task"].split("Question ")[1].split(":")[0])
+        lesson = "lesson: add the two numbers" + (" together" if i % 2 else "")  # one lesson, two wordings
+        return json.dumps({"diagnosis": "ok", "insights": [{"section": "lessons", "content": lesson}],
+                           "bullet_tags": []})  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def llm_for(phase: str) -> AsyncIterator[LLM]:
+        yield ScriptedLLM(reworded)
+
+    embedder = GroupEmbedder([["add the two numbers"]])  # the two wordings share a vector
+    methods = {"sequential": LearnConfig(MethodConfig(method=Method.SEQUENTIAL), batch_size=1)}
+    config = HarnessConfig(task="formula", train=QUESTIONS[:4], test=QUESTIONS[4:6], methods=methods,
+                           dedup=NearDuplicates(embedder))  # fmt: skip
+    result = await run_harness(config, llm_for)
+    meter = result.learned["sequential"].meter
+    assert embedder.texts > 0 and meter.folded_ops + meter.folded_proposals > 0
+    assert len(result.playbooks["sequential"].bullets) == 1
+    plain = await run_harness(replace(config, dedup=None), llm_for)
+    assert len(plain.playbooks["sequential"].bullets) == 2  # without it, exact matching keeps both wordings
+    doc = document(result, {"task": "formula", "simulated": False, "model": "m", "endpoint": "e", "seed": 0,
+                            "batch_size": 1}, resamples=50)  # fmt: skip
+    row = next(m for m in doc["methods"] if m["method"] == "sequential")
+    assert row["learn"]["dedup"]["folded_ops"] + row["learn"]["dedup"]["folded_proposals"] > 0
 
 
 def _fixture_data(tmp_path: Path) -> Path:
