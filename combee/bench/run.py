@@ -34,7 +34,7 @@ from typing import Any
 
 from combee.bench import report, tables
 from combee.bench.spec import BenchConfig, RunSpec, factor_label, is_shared, plan_runs
-from combee.bench.worker import train
+from combee.bench.worker import exit_with_parent, train
 from combee.sim.traceset import test_path, truth_path, write_trace_set
 from combee.wiring import simulator_llm
 
@@ -232,7 +232,9 @@ def _train_all(
         records[run.key] = record
 
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=exit_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         if shared:
             log(f"shared phase: {len(shared)} narrow runs on {workers} worker processes")
             futures = {submit(pool, r): r for r in shared}

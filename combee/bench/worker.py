@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,9 +28,26 @@ from combee.playbook import playbook_tokens
 from combee.tracefile import read_traces
 from combee.wiring import simulator_llm
 
-__all__ = ["InFlightProbe", "SentCall", "plan_checks", "sent_checks", "train"]
+__all__ = ["InFlightProbe", "SentCall", "exit_with_parent", "plan_checks", "sent_checks", "train"]
 
 _ITEM_BLOCKS = {Role.CURATOR: "reflections", Role.MERGER: "proposals"}
+
+
+def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+    """Pool initializer: the worker exits as soon as the orchestrator that started it is gone.
+
+    ``combee bench`` stopped by SIGTERM (a CI timeout, ``kill``) does not unwind its process pool, and the spawned
+    workers would go on with their runs, minutes long, for nobody, sharing the machine with whatever runs next
+    (their simulators exit with them: they stop at the end of their stdin). Ctrl-C reaches the whole process
+    group and needs none of this.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)  # no unwinding: there is nobody to report to
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 @dataclass(frozen=True)
