@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "DEFAULT_TRIAL_SIZES",
     "BatchSizeController",
     "ControllerDecision",
     "FloorFit",
@@ -79,6 +80,7 @@ __all__ = [
 
 DEFAULT_TAU_FRACTION = 0.016
 DEFAULT_FLOOR_TOLERANCE = 0.25
+DEFAULT_TRIAL_SIZES: tuple[int, ...] = (32, 64, 128)  # see "Trial sizes" above; COMBEE_BS_CANDIDATES
 KEEP_UP_HEADROOM = 1.2
 PAPER_SPAN = 8  # the paper's bound matches a power law to the fitted curve from reference_bs to 8× it
 
@@ -245,7 +247,7 @@ class BatchSizeController:
     and a fit on the chosen size alone could not separate ``c`` from ``L``.
     """
 
-    candidates: Sequence[int] = (32, 64, 128)  # the trial sizes: see "Trial sizes" above
+    candidates: Sequence[int] = DEFAULT_TRIAL_SIZES
     bs_min: int = 8
     bs_max: int = 256
     floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE

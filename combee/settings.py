@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from combee.controller import DEFAULT_TRIAL_SIZES
 from combee.dedup import DEFAULT_THRESHOLD
 from combee.engine import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.llm import DEFAULT_REASONING_MODELS, Role
@@ -98,7 +99,7 @@ class Settings(BaseSettings):
     bs_min: int = Field(default=8, ge=1)
     bs_max: int = Field(default=256, ge=1)
     bs_default: int = Field(default=32, ge=1)
-    bs_candidates: tuple[int, ...] = (32, 64, 128)
+    bs_candidates: tuple[int, ...] = DEFAULT_TRIAL_SIZES
     curate_concurrency: int = Field(default=8, ge=1)
     # The map stage's reflections go out as tasks of at most this many traces, to any worker of the pool
     # (role curate); each worker reflects at most reflect_concurrency tasks at a time.

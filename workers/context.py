@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from combee.controller import BatchSizeController
+from combee.controller import DEFAULT_TRIAL_SIZES, BatchSizeController
 from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
@@ -44,7 +44,7 @@ class StageConfig:
     topics: Topics
     method: MethodConfig
     policy: WindowPolicy
-    bs_candidates: tuple[int, ...] = (32, 64, 128)
+    bs_candidates: tuple[int, ...] = DEFAULT_TRIAL_SIZES
     bs_default: int = 32
     curate_concurrency: int = 8
     reflect_task_size: int = 8  # traces per reflection task (combee.fanout.task_slices)

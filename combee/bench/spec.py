@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from combee.controller import BatchSizeController
+from combee.controller import DEFAULT_TRIAL_SIZES, BatchSizeController
 
 __all__ = [
     "PAPER_FORMULA_NAIVE",
@@ -70,7 +70,7 @@ class RunSpec:
     max_group_items: int = 24
     max_fan_in: int = 12
     auto_max: int = field(default_factory=lambda: BatchSizeController().bs_max)
-    auto_grid: tuple[int, ...] = field(default_factory=lambda: tuple(BatchSizeController().candidates))
+    auto_grid: tuple[int, ...] = DEFAULT_TRIAL_SIZES
     time_scale: float | None = None  # None: the bench's main time scale
     # The simulator's merge law for this run (a merge of m proposals keeps ≤ factor·K(m); None: unlimited).
     # Only Combee sends merge calls, so sequential and naive runs are planned once, at the first factor.
@@ -83,7 +83,7 @@ class RunSpec:
         parts = [self.method, f"b{self.batch_size}"]
         if self.method == "combee":
             parts += [f"p{self.p}", f"g{self.group_factor:g}"]
-            if self.batch_size == "auto" and self.auto_grid != tuple(BatchSizeController().candidates):
+            if self.batch_size == "auto" and self.auto_grid != DEFAULT_TRIAL_SIZES:
                 parts.append("t" + ".".join(str(b) for b in self.auto_grid))
             if self.max_group_items != 24:
                 parts.append(f"m{self.max_group_items}")
@@ -130,7 +130,7 @@ class BenchConfig:
     methods: tuple[str, ...] = ("naive", "combee")
     auto: bool = True
     # the controller's profiling grids (one auto run each); by default the controller's own trial sizes
-    auto_grids: tuple[tuple[int, ...], ...] = field(default_factory=lambda: (tuple(BatchSizeController().candidates),))
+    auto_grids: tuple[tuple[int, ...], ...] = (DEFAULT_TRIAL_SIZES,)
     sweep: bool = True
     ablations: bool = False
     ablation_batch: int = 100
