@@ -69,6 +69,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "DEFAULT_BS",
+    "DEFAULT_BS_MAX",
+    "DEFAULT_BS_MIN",
     "DEFAULT_TRIAL_SIZES",
     "BatchSizeController",
     "ControllerDecision",
@@ -81,6 +84,9 @@ __all__ = [
 DEFAULT_TAU_FRACTION = 0.016
 DEFAULT_FLOOR_TOLERANCE = 0.25
 DEFAULT_TRIAL_SIZES: tuple[int, ...] = (32, 64, 128)  # see "Trial sizes" above; COMBEE_BS_CANDIDATES
+DEFAULT_BS_MIN = 8  # COMBEE_BS_MIN: the smallest size the controller chooses
+DEFAULT_BS_MAX = 256  # COMBEE_BS_MAX: the largest, and the most traces a window holds
+DEFAULT_BS = 32  # COMBEE_BS_DEFAULT: the size used until the controller has decided
 KEEP_UP_HEADROOM = 1.2
 PAPER_SPAN = 8  # the paper's bound matches a power law to the fitted curve from reference_bs to 8× it
 
@@ -248,13 +254,13 @@ class BatchSizeController:
     """
 
     candidates: Sequence[int] = DEFAULT_TRIAL_SIZES
-    bs_min: int = 8
-    bs_max: int = 256
+    bs_min: int = DEFAULT_BS_MIN
+    bs_max: int = DEFAULT_BS_MAX
     floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE
     tau_fraction: float = DEFAULT_TAU_FRACTION
     reference_bs: int = 8  # where the paper's bound takes the steepest slope (independent of the trial grid)
     history: int = 64
-    default: int = 32
+    default: int = DEFAULT_BS
     _obs: deque[tuple[int, float]] = field(init=False)
 
     def __post_init__(self) -> None:

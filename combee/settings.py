@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from combee.controller import DEFAULT_TRIAL_SIZES
+from combee.controller import DEFAULT_BS, DEFAULT_BS_MAX, DEFAULT_BS_MIN, DEFAULT_TRIAL_SIZES
 from combee.dedup import DEFAULT_THRESHOLD
 from combee.engine import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.llm import DEFAULT_REASONING_MODELS, Role
@@ -96,9 +96,9 @@ class Settings(BaseSettings):
     key_prefix: str = "combee"
     max_inflight_windows: int = Field(default=1, ge=1)
     max_wait_s: float = Field(default=30.0, gt=0)
-    bs_min: int = Field(default=8, ge=1)
-    bs_max: int = Field(default=256, ge=1)
-    bs_default: int = Field(default=32, ge=1)
+    bs_min: int = Field(default=DEFAULT_BS_MIN, ge=1)
+    bs_max: int = Field(default=DEFAULT_BS_MAX, ge=1)
+    bs_default: int = Field(default=DEFAULT_BS, ge=1)
     bs_candidates: tuple[int, ...] = DEFAULT_TRIAL_SIZES
     curate_concurrency: int = Field(default=8, ge=1)
     # The map stage's reflections go out as tasks of at most this many traces, to any worker of the pool

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from combee.controller import DEFAULT_TRIAL_SIZES, BatchSizeController
+from combee.controller import DEFAULT_BS, DEFAULT_TRIAL_SIZES, BatchSizeController
 from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
@@ -45,7 +45,7 @@ class StageConfig:
     method: MethodConfig
     policy: WindowPolicy
     bs_candidates: tuple[int, ...] = DEFAULT_TRIAL_SIZES
-    bs_default: int = 32
+    bs_default: int = DEFAULT_BS
     curate_concurrency: int = 8
     reflect_task_size: int = 8  # traces per reflection task (combee.fanout.task_slices)
     window_max_bytes: int = 6 * 1024 * 1024

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from combee.controller import DEFAULT_TRIAL_SIZES, BatchSizeController
+from combee.controller import DEFAULT_BS_MAX, DEFAULT_TRIAL_SIZES
 
 __all__ = [
     "PAPER_FORMULA_NAIVE",
@@ -69,7 +69,7 @@ class RunSpec:
     group_factor: float = 1.0
     max_group_items: int = 24
     max_fan_in: int = 12
-    auto_max: int = field(default_factory=lambda: BatchSizeController().bs_max)
+    auto_max: int = DEFAULT_BS_MAX
     auto_grid: tuple[int, ...] = DEFAULT_TRIAL_SIZES
     time_scale: float | None = None  # None: the bench's main time scale
     # The simulator's merge law for this run (a merge of m proposals keeps ≤ factor·K(m); None: unlimited).
