@@ -105,6 +105,14 @@ class Meter:
         self.simulated |= other.simulated
         self.real |= other.real
 
+    def dedup_counts(self) -> dict[str, int | float]:
+        """What the semantic de-duplicator folded, and the wall time it took (a report's ``dedup`` entry)."""
+        return {
+            "folded_proposals": self.folded_proposals,
+            "folded_ops": self.folded_ops,
+            "seconds": round(self.dedup_s, 4),
+        }
+
     @property
     def calls(self) -> int:
         return sum(s.calls for s in self.roles.values())

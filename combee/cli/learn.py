@@ -86,11 +86,7 @@ def metrics_document(result: Any, *, method: str, settings: Settings, extra: dic
         "skipped_traces": meter.skipped_traces,
         "skipped_groups": meter.skipped_groups,
         "merge_fallbacks": meter.merge_fallbacks,
-        "dedup": {
-            "folded_proposals": meter.folded_proposals,
-            "folded_ops": meter.folded_ops,
-            "seconds": round(meter.dedup_s, 4),
-        },
+        "dedup": meter.dedup_counts(),
         "endpoint": redact_url(settings.openai_base_url),
         "models": {r.value: m for r, m in settings.models().items()},
         "method_config": {

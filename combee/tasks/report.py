@@ -91,7 +91,7 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
                 "skipped_traces": meter.skipped_traces,
                 "skipped_groups": meter.skipped_groups,
                 "merge_fallbacks": meter.merge_fallbacks,
-                "dedup": {"folded_proposals": meter.folded_proposals, "folded_ops": meter.folded_ops},
+                "dedup": meter.dedup_counts(),
             }
         methods.append(row)
     for name, why in result.failed.items():
