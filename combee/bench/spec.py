@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from combee.controller import DEFAULT_BS_MAX, DEFAULT_TRIAL_SIZES
+from combee.engine import DEFAULT_SHUFFLE_KEY
 
 __all__ = [
     "PAPER_FORMULA_NAIVE",
@@ -143,6 +144,8 @@ class BenchConfig:
     profile: str = "gpu"
     merge_factors: tuple[float | None, ...] = (1.0,)
     shuffle_keys: tuple[str, ...] = ("none",)  # reduce shapes of the Combee runs at fixed batch sizes
+    # the reduce shape of the controller's runs: by default the one combee learn and the workers use
+    auto_shape: str = DEFAULT_SHUFFLE_KEY
     requests_per_minute: int | None = None  # overrides of the profile's rate limits (None: the profile's)
     tokens_per_minute: int | None = None
     base_url: str | None = None
@@ -181,6 +184,10 @@ class BenchConfig:
 
         if not self.shuffle_keys or set(self.shuffle_keys) - set(SHUFFLE_KEYS):
             raise ValueError(f"reduce shapes are among {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_keys}")
+        if self.auto_shape not in SHUFFLE_KEYS:
+            raise ValueError(
+                f"the controller's reduce shape is one of {', '.join(SHUFFLE_KEYS)}, got {self.auto_shape}"
+            )
 
 
 QUICK = {"n_traces": 100, "seeds": (1,), "batch_sizes": (1, 25), "auto": False, "time_scale": 0.02, "test_n": 100}
@@ -205,8 +212,8 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
                     if b > 1:
                         runs.append(RunSpec(method, b, seed, n, merge_factor=first))  # type: ignore[arg-type]
             if config.auto and "combee" in config.methods:
-                for grid in config.auto_grids:  # the controller with the first reduce shape
-                    shape = config.shuffle_keys[0]
+                for grid in config.auto_grids:
+                    shape = config.auto_shape
                     runs.append(
                         RunSpec("combee", "auto", seed, n, merge_factor=first, shuffle_key=shape, auto_grid=grid)
                     )

@@ -69,6 +69,15 @@ def _shapes(text: str) -> tuple[str, ...]:
     return values
 
 
+def _shape(text: str) -> str:
+    from combee.engine import SHUFFLE_KEYS
+
+    value = text.strip()
+    if value not in SHUFFLE_KEYS:
+        raise argparse.ArgumentTypeError(f"one reduce shape among {', '.join(SHUFFLE_KEYS)}, got {text!r}")
+    return value
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -128,6 +137,12 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "within a section), section-union (keyed, no merge call); default none",
     )
     s.add_argument(
+        "--auto-shape",
+        type=_shape,
+        help=f"reduce shape of the controller's (auto) runs (default {d.auto_shape}, as in combee learn and the "
+        "workers)",
+    )
+    s.add_argument(
         "--merge-factors",
         type=_factors,
         help="merge capacity factors to compare, e.g. 1,2,4,unlimited (default 1: a merge overloads like a "
@@ -168,6 +183,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "profile": "profile",
         "merge_factors": "merge_factors",
         "shapes": "shuffle_keys",
+        "auto_shape": "auto_shape",
         "auto_grids": "auto_grids",
         "rpm": "requests_per_minute",
         "tpm": "tokens_per_minute",

@@ -66,7 +66,18 @@ def test_cli_defaults_quick_and_overrides() -> None:
     assert config.scale_traces == 2000 and config.scale_time_scale == 0.02 and config.methods == ("combee",)
 
 
-@pytest.mark.parametrize("bad", [["--seeds", "0"], ["--methods", "gepa"], ["--time-scale", "-1"]])
+def test_the_controller_runs_with_the_shipped_reduce_shape_whatever_the_order_of_shapes() -> None:
+    shapes = ("none", "section-union")
+    auto = [r for r in plan_runs(BenchConfig(out=Path("x"), shuffle_keys=shapes)) if r.batch_size == "auto"]
+    assert auto and {r.shuffle_key for r in auto} == {"section-union"}  # the workers' default, not shapes[0]
+    config = build_config(parse("--shapes", "section-union,none", "--auto-shape", "none"))
+    assert {r.shuffle_key for r in plan_runs(config) if r.batch_size == "auto"} == {"none"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--seeds", "0"], ["--methods", "gepa"], ["--time-scale", "-1"], ["--auto-shape", "none,section"]],
+)
 def test_cli_rejects_bad_values(bad: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse(*bad)
