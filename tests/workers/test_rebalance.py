@@ -29,7 +29,7 @@ from workers.app import _forget
 from workers.combine import handle_partial
 from workers.curate import handle_group
 from workers.mapper import handle_window
-from workers.resume import check_stalls
+from workers.resume import Look, check_stalls
 from workers.window import handle_trace
 
 
@@ -43,6 +43,10 @@ class GroupKafka(MemoryKafka):
     async def committed(self, topic: str, partition: int) -> int | None:
         self.asked.append((topic, partition))
         return self.commits.get((topic, partition))
+
+    async def committed_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        self.asked.extend(partitions)
+        return {tp: self.commits.get(tp) for tp in partitions}
 
 
 @dataclass
@@ -160,10 +164,11 @@ async def test_a_partition_resumed_past_everything_it_held_is_sought_back_and_it
     consumer = FaustConsumer({tp: len(held), FTP(ctx.topics.traces, tp.partition): 6})
     kafka.commits[(ctx.topics.traces, tp.partition)] = 6  # the traces were windowed and committed
 
-    suspects = await check_stalls(ctx, consumer, {})
-    assert consumer.seeks == [] and (tp.topic, tp.partition) in suspects  # maybe records on their way
-    suspects = await check_stalls(ctx, consumer, suspects)
+    looks = await check_stalls(ctx, consumer, {})
+    assert consumer.seeks == [] and kafka.asked == []  # maybe records on their way: look again
+    looks = await check_stalls(ctx, consumer, looks)
     assert consumer.seeks == [(tp, 0)] and ctx.acks.resumed == 1  # the traces partition is at its commit
+    assert looks == {(ctx.topics.traces, tp.partition): Look(6, cleared=True)}
     assert deltas(kafka, ctx.topics) == []
 
     await _deliver(ctx, stream, held)  # Faust delivers them again from the position sought
@@ -180,13 +185,17 @@ async def test_the_stall_guard_leaves_alone_a_partition_that_delivered_or_moved(
     busy = FTP(ctx.topics.traces, part)
     moving = FTP(ctx.topics.windows, part)
     consumer = FaustConsumer({busy: 3, moving: 4})
-    suspects = await check_stalls(ctx, consumer, {})
-    assert suspects == {(moving.topic, moving.partition): 4}
+    key = (moving.topic, moving.partition)
+    looks = await check_stalls(ctx, consumer, {})
+    assert looks == {key: Look(4)}  # the traces partition delivered: not looked at
     consumer.positions[moving] = 7  # the position moved: records are flowing, look again later
-    suspects = await check_stalls(ctx, consumer, suspects)
-    assert suspects == {(moving.topic, moving.partition): 7} and consumer.seeks == []
-    kafka.commits[(moving.topic, moving.partition)] = 7  # at its committed offset: nothing was skipped
-    assert await check_stalls(ctx, consumer, suspects) == {} and consumer.seeks == []
+    looks = await check_stalls(ctx, consumer, looks)
+    assert looks == {key: Look(7)} and consumer.seeks == [] and kafka.asked == []
+    kafka.commits[key] = 7  # at its committed offset (an idle partition): nothing was skipped
+    looks = await check_stalls(ctx, consumer, looks)
+    assert looks == {key: Look(7, cleared=True)} and kafka.asked == [key]
+    looks = await check_stalls(ctx, consumer, looks)  # not asked again while it stays there
+    assert looks == {key: Look(7, cleared=True)} and kafka.asked == [key] and consumer.seeks == []
 
 
 async def test_a_record_handed_over_again_since_the_assignment_is_dropped_at_intake() -> None:
