@@ -46,7 +46,9 @@ class OrderedAcks:
     _by_key: dict[tuple[str, int, int], _Pending] = field(default_factory=dict)
     _last_seen: dict[tuple[str, int], int] = field(default_factory=dict)
     acked: int = 0
-    backfilled: int = 0
+    backfilled: int = 0  # records read directly to fill a gap the stream skipped (StageContext.with_backfill)
+    redelivered: int = 0  # records the stream handed over again since the assignment, dropped at intake
+    resumed: int = 0  # partitions sought back by the stall guard (workers.resume)
 
     def gap(self, event: Any) -> tuple[int, int] | None:
         """The offsets skipped between the previous event of this partition and ``event``, if any.
@@ -66,7 +68,18 @@ class OrderedAcks:
     def first_since_assignment(self, event: Any) -> bool:
         """True for the first event of its partition since the partition was (re)assigned to this worker."""
         msg = event.message
-        return (msg.topic, msg.partition) not in self._last_seen
+        return self.untouched(msg.topic, msg.partition)
+
+    def untouched(self, topic: str, partition: int) -> bool:
+        """True while no event of the partition has come since it was (re)assigned to this worker."""
+        return (topic, partition) not in self._last_seen
+
+    def seen(self, event: Any) -> bool:
+        """True for an event at or before the last offset of its partition seen since the assignment (or before
+        the committed offset :meth:`expect` was told): the stream handed it over again, after a seek back."""
+        msg = event.message
+        last = self._last_seen.get((msg.topic, msg.partition))
+        return last is not None and msg.offset <= last
 
     def expect(self, topic: str, partition: int, next_offset: int) -> None:
         """The first offset still to process in a partition just assigned: a first event beyond it is a gap

@@ -33,6 +33,7 @@ from workers.kafka_driver import App
 from workers.mapper import handle_window
 from workers.observe import lag_reporter, publish_listener
 from workers.reflect import handle_reflect_task
+from workers.resume import stall_guard
 from workers.state import ChangelogTable, KafkaIO
 from workers.status import idle, republish_if_lost, status_of
 from workers.window import closer_loop, handle_trace
@@ -213,6 +214,10 @@ def create_app(
     @app.task
     async def lag_metrics() -> None:
         await lag_reporter(ctx, lambda: app.consumer)
+
+    @app.task
+    async def resume_stalled() -> None:
+        await stall_guard(ctx, lambda: app.consumer)
 
     if until_idle_s is not None:
 

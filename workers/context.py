@@ -131,6 +131,12 @@ class StageContext:
     async def with_backfill(self, event: Any) -> list[Any]:
         """``event`` preceded by any records of its partition the stream skipped, read directly from Kafka."""
         msg = event.message
+        if self.acks.seen(event):
+            # Handed over again (the stall guard sought the partition back, or Faust re-read it): the stage has
+            # it already, and doing it twice would learn a trace twice.
+            self.acks.redelivered += 1
+            log.info("%s[%d]@%d came again since the assignment; dropped", msg.topic, msg.partition, msg.offset)
+            return []
         if msg.offset > 0 and self.acks.first_since_assignment(event):
             # After a rebalance, faust-streaming can resume a partition with no committed offset past records it
             # handed over in the previous generation (and that this worker dropped unfinished on revocation):

@@ -56,19 +56,26 @@ class KafkaIO:
 
     async def committed(self, topic: str, partition: int) -> int | None:
         """The worker group's committed offset of ``topic``/``partition`` (None when it has none)."""
-        if self.group_id is None:
-            return None
+        return (await self.committed_offsets([(topic, partition)]))[(topic, partition)]
+
+    async def committed_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """The worker group's committed offsets of ``(topic, partition)`` pairs, in one request (None: none)."""
+        if self.group_id is None or not partitions:
+            return dict.fromkeys(partitions)
         from aiokafka.admin import AIOKafkaAdminClient
 
         admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, **self._consumer_kwargs)
         await admin.start()
         try:
-            tp = TopicPartition(topic, partition)
-            offsets = await admin.list_consumer_group_offsets(self.group_id, partitions=[tp])
+            tps = [TopicPartition(t, p) for t, p in partitions]
+            offsets = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
         finally:
             await admin.close()
-        meta = offsets.get(tp)
-        return meta.offset if meta is not None and meta.offset >= 0 else None
+        found: dict[tuple[str, int], int | None] = {}
+        for t, p in partitions:
+            meta = offsets.get(TopicPartition(t, p))
+            found[(t, p)] = meta.offset if meta is not None and meta.offset >= 0 else None
+        return found
 
     async def read(self, topic: str, partition: int, start: int = 0) -> AsyncGenerator[LogRecord, None]:
         """Records of ``topic``/``partition`` from ``start`` up to the end offset seen when called."""

@@ -57,6 +57,22 @@ def _merge_in_flight(w: WorkerProc) -> tuple[str, str] | None:
     return None
 
 
+def _takeover_report(other: WorkerProc, paused: WorkerProc, wid: str) -> str:
+    """What the two learners logged, for a takeover that did not happen: CI keeps only what a test prints."""
+    partition = wid.split("/")[-2].lstrip("p")
+    about = re.compile(rf"/p{partition}/|partition {partition}\b|rebalanc|assigned|revoked|Recovery|WARNING|ERROR")
+    lines = [line[:300] for line in _log(other).splitlines()]
+    relevant = [line for line in lines if about.search(line)]
+    return (
+        f"--- {other.name}: lines about partition {partition}, rebalances, warnings and errors (last 40) ---\n"
+        + "\n".join(relevant[-40:])
+        + f"\n--- {other.name}: last 25 lines ---\n"
+        + "\n".join(lines[-25:])
+        + f"\n--- {paused.name} (stopped): last 15 lines ---\n"
+        + "\n".join(line[:300] for line in paused.tail(15).splitlines())
+    )
+
+
 def test_a_paused_combiners_late_write_is_fenced(
     stack: PrivateStack, workdir: Path, api_key: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -100,7 +116,10 @@ def test_a_paused_combiners_late_write_is_fenced(
         run.note(f"SIGSTOP {paused.name} (pid {paused.pid}) during merge {node}")
 
         # 2. the other learner takes the partition over: claims it, redoes the window and applies it
-        wait_until(lambda: f"applied {wid} as v" in _log(other), 180, f"{other.name} to apply {wid}", poll_s=0.3)
+        try:
+            wait_until(lambda: f"applied {wid} as v" in _log(other), 180, f"{other.name} to apply {wid}", poll_s=0.3)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_takeover_report(other, paused, wid)}") from None
         takeover_s = time.monotonic() - stopped_at
         run.note(f"{other.name} applied {wid} {takeover_s:.1f}s after the stop; SIGCONT {paused.name}")
         os.kill(paused.pid, signal.SIGCONT)

@@ -10,6 +10,7 @@ group's committed offset, and what lies between is read directly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tests.fakes import ScriptedLLM, echo_script
 from tests.workers.test_stages import (
@@ -22,11 +23,14 @@ from tests.workers.test_stages import (
     feed_traces,
     learner,
     reflect_through_the_pool,
+    trace,
 )
 from workers.app import _forget
 from workers.combine import handle_partial
 from workers.curate import handle_group
 from workers.mapper import handle_window
+from workers.resume import Look, check_stalls
+from workers.window import handle_trace
 
 
 @dataclass
@@ -39,6 +43,10 @@ class GroupKafka(MemoryKafka):
     async def committed(self, topic: str, partition: int) -> int | None:
         self.asked.append((topic, partition))
         return self.commits.get((topic, partition))
+
+    async def committed_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        self.asked.extend(partitions)
+        return {tp: self.commits.get(tp) for tp in partitions}
 
 
 @dataclass
@@ -96,3 +104,116 @@ async def test_a_first_event_at_the_committed_offset_reads_nothing_extra() -> No
     (msg,) = [m for m in kafka.records(ctx.topics.traces) if m.offset == 2]
     assert await fresh.with_backfill(Event(msg)) == [Event(msg)]
     assert fresh.acks.backfilled == 0
+
+
+class FTP(NamedTuple):
+    """Faust's TP: a (topic, partition) named tuple."""
+
+    topic: str
+    partition: int
+
+
+@dataclass
+class FaustConsumer:
+    """What the stall guard asks of Faust's consumer: the assignment, fetch positions, earliest offsets, seek."""
+
+    positions: dict[FTP, int]
+    seeks: list[tuple[FTP, int]] = field(default_factory=list)
+
+    def assignment(self) -> set[FTP]:
+        return set(self.positions)
+
+    async def position(self, tp: FTP) -> int:
+        return self.positions[tp]
+
+    async def earliest_offsets(self, *tps: FTP) -> dict[FTP, int]:
+        return dict.fromkeys(tps, 0)
+
+    async def seek(self, tp: FTP, offset: int) -> None:
+        self.seeks.append((tp, offset))
+        self.positions[tp] = offset
+
+
+async def _deliver(ctx, stream, msgs) -> None:  # type: ignore[no-untyped-def]
+    for msg in msgs:
+        for e in await ctx.with_backfill(Event(Msg(msg.topic, msg.partition, msg.offset, msg.key, msg.value))):
+            await handle_partial(ctx, stream, e)
+
+
+async def test_a_partition_resumed_past_everything_it_held_is_sought_back_and_its_window_applied() -> None:
+    """The fault suite's stall: after the rebalance no record of the partials partition reaches the combiner —
+    the stream resumed past the plan and every partial, and nothing more will come — so no later event can
+    reveal the gap. The stall guard sees the fetch position past the committed offset with nothing delivered
+    since the assignment, twice in a row, and seeks back; the records come again and the window is applied."""
+    kafka, stream = GroupKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    await feed_traces(ctx, kafka, stream, "alpha", 6)
+    await close_due_windows(ctx)
+    (window,) = kafka.records(ctx.topics.windows)
+    await handle_window(ctx, stream, Event(window))
+    await reflect_through_the_pool(ctx, kafka, stream)
+    await _settle(ctx)
+    gate = __import__("asyncio").Semaphore(4)
+    for task in kafka.records(ctx.topics.groups):
+        await handle_group(ctx, stream, Event(task), gate)
+    await _settle(ctx)
+    held = kafka.records(ctx.topics.partials)  # the plan and the partials, none applied nor acked
+    assert len(held) >= 2
+    _forget(ctx, [TP(t, p) for t in (ctx.topics.partials, ctx.topics.traces) for p in range(ctx.topics.partitions)])
+    tp = FTP(held[0].topic, held[0].partition)
+    consumer = FaustConsumer({tp: len(held), FTP(ctx.topics.traces, tp.partition): 6})
+    kafka.commits[(ctx.topics.traces, tp.partition)] = 6  # the traces were windowed and committed
+
+    looks = await check_stalls(ctx, consumer, {})
+    assert consumer.seeks == [] and kafka.asked == []  # maybe records on their way: look again
+    looks = await check_stalls(ctx, consumer, looks)
+    assert consumer.seeks == [(tp, 0)] and ctx.acks.resumed == 1  # the traces partition is at its commit
+    assert looks == {(ctx.topics.traces, tp.partition): Look(6, cleared=True)}
+    assert deltas(kafka, ctx.topics) == []
+
+    await _deliver(ctx, stream, held)  # Faust delivers them again from the position sought
+    await _settle(ctx)
+    records = deltas(kafka, ctx.topics)
+    assert [(r.window_id, r.version) for r in records] == [(f"alpha/p{tp.partition}/0-5", 1)]
+
+
+async def test_the_stall_guard_leaves_alone_a_partition_that_delivered_or_moved() -> None:
+    kafka, stream = GroupKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    part = ctx.home_partition("alpha")
+    await _feed_through_intake(ctx, kafka, stream, "alpha", 3)  # events came since the assignment
+    busy = FTP(ctx.topics.traces, part)
+    moving = FTP(ctx.topics.windows, part)
+    consumer = FaustConsumer({busy: 3, moving: 4})
+    key = (moving.topic, moving.partition)
+    looks = await check_stalls(ctx, consumer, {})
+    assert looks == {key: Look(4)}  # the traces partition delivered: not looked at
+    consumer.positions[moving] = 7  # the position moved: records are flowing, look again later
+    looks = await check_stalls(ctx, consumer, looks)
+    assert looks == {key: Look(7)} and consumer.seeks == [] and kafka.asked == []
+    kafka.commits[key] = 7  # at its committed offset (an idle partition): nothing was skipped
+    looks = await check_stalls(ctx, consumer, looks)
+    assert looks == {key: Look(7, cleared=True)} and kafka.asked == [key]
+    looks = await check_stalls(ctx, consumer, looks)  # not asked again while it stays there
+    assert looks == {key: Look(7, cleared=True)} and kafka.asked == [key] and consumer.seeks == []
+
+
+async def test_a_record_handed_over_again_since_the_assignment_is_dropped_at_intake() -> None:
+    kafka, stream = GroupKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    await _feed_through_intake(ctx, kafka, stream, "alpha", 3)
+    again = Event(kafka.records(ctx.topics.traces)[1])
+    assert await ctx.with_backfill(again) == []
+    assert ctx.acks.redelivered == 1 and ctx.acks.backfilled == 0
+    _forget(ctx, [TP(again.message.topic, again.message.partition)])  # after a revocation: new to this worker
+    kafka.commits[(again.message.topic, again.message.partition)] = 1
+    assert await ctx.with_backfill(again) == [again]
+
+
+async def _feed_through_intake(ctx, kafka, stream, ns: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    """``n`` traces of ``ns`` handed to the window stage the way the agent does: through ``with_backfill``."""
+    part = ctx.home_partition(ns)
+    for i in range(n):
+        offset = await kafka.send(ctx.topics.traces, ns.encode(), trace(ns, i), part)
+        for e in await ctx.with_backfill(Event(Msg(ctx.topics.traces, part, offset, ns.encode(), trace(ns, i)))):
+            await handle_trace(ctx, stream, e)
