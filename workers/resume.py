@@ -1,7 +1,8 @@
 """Stall guard: a partition whose fetch position passed records its stage never received is sought back.
 
 faust-streaming 0.15 can resume a newly assigned partition past records it fetched but never handed to the
-agent (a fetch cut short by the generation change of a rebalance; docs/infrastructure.md). When a later
+agent. Our reading of its consumer: a fetch that returns after a rebalance changed the generation is dropped
+unseen, the fetch position stays past it, and no seek follows. When a later
 record arrives, :meth:`workers.context.StageContext.with_backfill` sees the gap and reads it directly. When
 none does, nothing would: in the fault suite a combiner took over a partition whose window plan and partials
 were all it held, its stream resumed past them, the window's map stage waited for that window to be applied
