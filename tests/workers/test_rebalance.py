@@ -63,15 +63,20 @@ async def _settle(ctx, n: int = 50) -> None:  # type: ignore[no-untyped-def]
     await asyncio.gather(*list(ctx.tasks))
 
 
-async def test_a_plan_dropped_on_revocation_is_read_back_when_the_stream_resumes_past_it() -> None:
-    kafka, stream = GroupKafka(), Stream()
-    ctx = learner(kafka, ScriptedLLM(echo_script))
-    await feed_traces(ctx, kafka, stream, "alpha", 6)
+async def _window_mapped(ctx, kafka, stream, ns: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    """``n`` traces of ``ns`` windowed, the window mapped and reflected: its plan is on the partials topic."""
+    await feed_traces(ctx, kafka, stream, ns, n)
     await close_due_windows(ctx)
     (window,) = kafka.records(ctx.topics.windows)
     await handle_window(ctx, stream, Event(window))
     await reflect_through_the_pool(ctx, kafka, stream)
     await _settle(ctx)
+
+
+async def test_a_plan_dropped_on_revocation_is_read_back_when_the_stream_resumes_past_it() -> None:
+    kafka, stream = GroupKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    await _window_mapped(ctx, kafka, stream, "alpha", 6)
     (plan,) = kafka.records(ctx.topics.partials)  # generation 1: the plan reaches the combiner...
     for e in await ctx.with_backfill(Event(plan)):
         await handle_partial(ctx, stream, e)
@@ -147,12 +152,7 @@ async def test_a_partition_resumed_past_everything_it_held_is_sought_back_and_it
     since the assignment, twice in a row, and seeks back; the records come again and the window is applied."""
     kafka, stream = GroupKafka(), Stream()
     ctx = learner(kafka, ScriptedLLM(echo_script))
-    await feed_traces(ctx, kafka, stream, "alpha", 6)
-    await close_due_windows(ctx)
-    (window,) = kafka.records(ctx.topics.windows)
-    await handle_window(ctx, stream, Event(window))
-    await reflect_through_the_pool(ctx, kafka, stream)
-    await _settle(ctx)
+    await _window_mapped(ctx, kafka, stream, "alpha", 6)
     gate = __import__("asyncio").Semaphore(4)
     for task in kafka.records(ctx.topics.groups):
         await handle_group(ctx, stream, Event(task), gate)
