@@ -99,6 +99,11 @@ class Topics:
     def deadletter(self) -> str:
         return f"{self.prefix}.deadletter"
 
+    @property
+    def stage_inputs(self) -> frozenset[str]:
+        """The topics the workers' stages consume (one agent each)."""
+        return frozenset({self.traces, self.windows, self.reflect, self.reflections, self.groups, self.partials})
+
     def specs(self) -> list[TopicSpec]:
         big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         keep = {"cleanup.policy": "delete", "retention.ms": "-1", **big}  # traces stay for replay

@@ -36,11 +36,9 @@ async def report_lag(ctx: StageContext, consumer: Any, reported: set[tuple[str, 
     offset (every record before it is done and acked; the fetch position when no record came since the
     assignment). Returns the partitions reported, for the next call.
     """
-    topics = ctx.topics
-    consumed = {topics.traces, topics.windows, topics.reflect, topics.reflections, topics.groups, topics.partials}
     now: set[tuple[str, int]] = set()
     for tp in sorted(consumer.assignment()):
-        if tp.topic not in consumed:
+        if tp.topic not in ctx.topics.stage_inputs:
             continue
         end = consumer.highwater(tp)
         if end is None:

@@ -2,11 +2,11 @@
 
 faust-streaming 0.15 can resume a newly assigned partition past records it fetched but never handed to the
 agent. Our reading of its consumer: a fetch that returns after a rebalance changed the generation is dropped
-unseen, the fetch position stays past it, and no seek follows. When a later
-record arrives, :meth:`workers.context.StageContext.with_backfill` sees the gap and reads it directly. When
-none does, nothing would: in the fault suite a combiner took over a partition whose window plan and partials
-were all it held, its stream resumed past them, the window's map stage waited for that window to be applied
-before sending anything more, and the namespace stalled for good.
+unseen, the fetch position stays past it, and no seek follows. When a later record arrives,
+:meth:`workers.context.StageContext.with_backfill` sees the gap and reads it directly. When none does, nothing
+would: in the fault suite a combiner took over a partition whose window plan and partials were all it held,
+its stream resumed past them, the window's map stage waited for that window to be applied before sending
+anything more, and the namespace stalled for good.
 
 So every ``period_s`` the guard looks at each assigned partition of the stage topics that has delivered no
 record since it was assigned. A fetch position past the group's committed offset (the log's start when none)
@@ -50,21 +50,21 @@ async def check_stalls(ctx: StageContext, consumer: Any, looks: Looks) -> Looks:
     ``consumer`` is Faust's consumer (``assignment``, ``position``, ``earliest_offsets``, ``seek``); ``looks``
     is what the previous call returned. Returns what this look saw, for the next call.
     """
-    topics = ctx.topics
-    consumed = {topics.traces, topics.windows, topics.reflect, topics.reflections, topics.groups, topics.partials}
     now: Looks = {}
     due: list[Any] = []
     for tp in sorted(consumer.assignment()):
         key = (tp.topic, tp.partition)
-        if tp.topic not in consumed or not ctx.acks.untouched(*key):
+        if tp.topic not in ctx.topics.stage_inputs or not ctx.acks.untouched(*key):
             continue  # a record came since the assignment: gaps after it are with_backfill's
         position = await consumer.position(tp)
         if not position:
             continue
         last = looks.get(key)
-        same = last is not None and last.position == position
-        now[key] = Look(position, cleared=same and last is not None and last.cleared)
-        if same and not now[key].cleared:
+        if last is None or last.position != position:
+            now[key] = Look(position)  # a first look, or it moved: records may be on their way
+            continue
+        now[key] = last
+        if not last.cleared:
             due.append(tp)
     if not due:
         return now

@@ -72,9 +72,9 @@ class KafkaIO:
         finally:
             await admin.close()
         found: dict[tuple[str, int], int | None] = {}
-        for t, p in partitions:
-            meta = offsets.get(TopicPartition(t, p))
-            found[(t, p)] = meta.offset if meta is not None and meta.offset >= 0 else None
+        for key, tp in zip(partitions, tps, strict=True):
+            meta = offsets.get(tp)
+            found[key] = meta.offset if meta is not None and meta.offset >= 0 else None
         return found
 
     async def read(self, topic: str, partition: int, start: int = 0) -> AsyncGenerator[LogRecord, None]:

@@ -89,9 +89,7 @@ async def test_a_plan_dropped_on_revocation_is_read_back_when_the_stream_resumes
     partials = [m for m in kafka.records(ctx.topics.partials) if m.offset > plan.offset]
     assert partials
     # generation 2: the stream resumes AFTER the plan (offset 0 has no committed offset to seek to)
-    for msg in partials:
-        for e in await ctx.with_backfill(Event(Msg(msg.topic, msg.partition, msg.offset, msg.key, msg.value))):
-            await handle_partial(ctx, stream, e)
+    await _deliver(ctx, stream, partials)
     await _settle(ctx)
     assert (plan.topic, plan.partition) in kafka.asked
     assert ctx.acks.backfilled == 1
