@@ -183,6 +183,10 @@ def paper_batch_size(
     return alpha, lo * tau_fraction ** (-1.0 / (alpha + 1.0))
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _fmt_bs(value: float | None) -> str:
     return "inf" if value is None or math.isinf(value) else f"{value:.1f}"
 
@@ -290,6 +294,25 @@ class BatchSizeController:
             if c not in seen:
                 return c
         return None
+
+    def trials_left(self) -> tuple[int, ...]:
+        """The candidate sizes not yet profiled, in the order they will be tried (empty when profiling is done).
+        Only a window of exactly a candidate's size counts as its trial."""
+        seen = {b for b, _ in self._obs}
+        return tuple(c for c in self.candidates if c not in seen)
+
+    def profiling_note(self) -> str | None:
+        """What profiling has left, in words (None when it is done): the trial windows still to run and the
+        traces they take."""
+        left = self.trials_left()
+        if not left:
+            return None
+        sizes = ", ".join(str(b) for b in left)
+        return (
+            f"profiling candidate sizes: {_count(len(left), 'trial window')} of {len(self.candidates)} left "
+            f"({sizes} traces; {sum(left)} traces in all), then it fits T(bs) and chooses; only a window of "
+            "exactly a trial's size counts (one closed early by max_wait does not)"
+        )
 
     def _per_trace_points(self) -> list[tuple[float, float]]:
         by_size: dict[int, list[float]] = {}

@@ -8,10 +8,13 @@ gone), a contract violation (a namespace that is not a safe key), or a bad optio
 from __future__ import annotations
 
 __all__ = [
+    "PARSE_FAILURE_KINDS",
+    "TRACE_ERROR_KINDS",
     "CombeeError",
     "ConfigError",
     "ContextTooSmall",
     "InvalidNamespace",
+    "KafkaUnreachable",
     "LLMError",
     "LLMParseError",
     "LLMRateLimited",
@@ -19,6 +22,21 @@ __all__ = [
     "TopicMissing",
     "TraceError",
 ]
+
+
+TRACE_ERROR_KINDS = ("empty", "oversized", "encoding", "json", "shape", "invalid")
+"""Every :attr:`TraceError.kind` (the metrics start a series at 0 for each)."""
+PARSE_FAILURE_KINDS = (
+    "empty",
+    "not_json",
+    "not_object",
+    "ambiguous",
+    "missing_key",
+    "bad_shape",
+    "too_many",
+    "no_valid_items",
+)
+"""Every :attr:`LLMParseError.kind` the parsers raise (the metrics start a series at 0 for each)."""
 
 
 class CombeeError(Exception):
@@ -40,6 +58,15 @@ class TopicMissing(CombeeError):
     def __init__(self, topic: str, message: str) -> None:
         super().__init__(message)
         self.topic = topic
+
+
+class KafkaUnreachable(CombeeError):
+    """No Kafka bootstrap address accepts a connection. ``bootstrap`` names them; the message says how to start
+    a local broker (``combee dev up``)."""
+
+    def __init__(self, bootstrap: str, message: str) -> None:
+        super().__init__(message)
+        self.bootstrap = bootstrap
 
 
 class TraceError(CombeeError, ValueError):

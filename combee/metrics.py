@@ -58,6 +58,15 @@ class Metrics(Protocol):
     def fenced_write(self, namespace: str) -> None:
         """A delta record logged after another owner's claim, refused (a zombie combiner's write)."""
 
+    def dependency_up(self, dependency: str, up: bool) -> None:
+        """The worker's last check of ``dependency`` (``llm``, ``embeddings``, ``kafka``, ``redis``) found it up."""
+
+    def namespace_seen(self, namespace: str) -> None:
+        """This worker took ``namespace`` on: its counters of errors start at 0 (a series exists before the first)."""
+
+    def trace_moved(self, namespace: str) -> None:
+        """A trace arrived on another partition than its namespace's and was published again to the right one."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -99,4 +108,13 @@ class NoMetrics:
         pass
 
     def fenced_write(self, namespace: str) -> None:
+        pass
+
+    def dependency_up(self, dependency: str, up: bool) -> None:
+        pass
+
+    def namespace_seen(self, namespace: str) -> None:
+        pass
+
+    def trace_moved(self, namespace: str) -> None:
         pass

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
 from combee.llm import Role
 from combee.meter import Meter
 from combee.metrics import LLMPrices
@@ -100,9 +101,31 @@ class PrometheusMetrics:
             ["role"],
             registry=r,
         )
+        self._dependency_up = Gauge(
+            "combee_dependency_up",
+            "1 when the worker's last check found the dependency up (llm, embeddings, kafka, redis), 0 when down.",
+            ["dependency"],
+            registry=r,
+        )
+        self._moved = Counter(
+            "combee_traces_moved",
+            "Traces that arrived on another partition than their namespace's (a producer that does not partition "
+            "by murmur2 of the namespace) and were published again to the right one: each is stored twice.",
+            ["namespace"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        # Error counters exist at 0 from the start, so a dashboard shows 0 rather than "No data" before the
+        # first error; a namespace's own start when the worker takes it on (namespace_seen).
+        for role in (Role.REFLECTOR, Role.CURATOR, Role.MERGER):
+            self._llm_calls.labels(role.value, "unavailable")
+            self._repairs.labels(role.value)
+            self._gave_up.labels(role.value)
+            for kind in PARSE_FAILURE_KINDS:
+                self._parse_failures.labels(role.value, kind)
+        self.namespace_seen("")  # dead letters whose key names no namespace
 
     # --- the port ------------------------------------------------------------------------------------------
 
@@ -172,6 +195,19 @@ class PrometheusMetrics:
 
     def fenced_write(self, namespace: str) -> None:
         self._fenced.labels(namespace).inc()
+
+    def dependency_up(self, dependency: str, up: bool) -> None:
+        self._dependency_up.labels(dependency).set(1 if up else 0)
+
+    def namespace_seen(self, namespace: str) -> None:
+        for reason in TRACE_ERROR_KINDS:
+            self._traces.labels(namespace, "dead_lettered", reason)
+        if namespace:
+            self._fenced.labels(namespace)
+            self._moved.labels(namespace)
+
+    def trace_moved(self, namespace: str) -> None:
+        self._moved.labels(namespace).inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

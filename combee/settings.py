@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     # Dollars per 1,000 tokens, for combee_llm_cost_usd_total and `combee learn`'s cost_usd; unset counts 0.
     llm_price_per_1k_prompt: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     llm_price_per_1k_completion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # How often (seconds) a worker checks its dependencies (LLM and embeddings endpoints, Kafka, Redis) and
+    # writes what it found to Redis for `combee status` and `combee ui`; 0: no checks.
+    health_interval_s: float = Field(default=5.0, ge=0)
 
     def model_for(self, role: Role) -> str:
         specific = getattr(self, f"model_{role.value}")

@@ -60,7 +60,12 @@ _READ_ERRORS: Final = (redis.exceptions.RedisError, OSError, ValueError)
 
 
 class PromptUnavailable(CombeeError):
-    """No prompt can be returned: Redis cannot be read (or holds no version) and there is no local copy."""
+    """No prompt can be returned: Redis cannot be read (``unreadable``) or holds no version, and there is no
+    local copy."""
+
+    def __init__(self, message: str, *, unreadable: bool = True) -> None:
+        super().__init__(message)
+        self.unreadable = unreadable
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,7 @@ class _ClientBase:
 
     def _unavailable(self, exc: BaseException | None) -> PromptUnavailable:
         if exc is None:
-            return PromptUnavailable(f"namespace {self.namespace!r} has no published prompt yet")
+            return PromptUnavailable(f"namespace {self.namespace!r} has no published prompt yet", unreadable=False)
         return PromptUnavailable(
             f"cannot read the prompt of namespace {self.namespace!r} and no copy is cached: "
             f"{describe_error(exc, self._secrets)}"

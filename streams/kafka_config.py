@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import shlex
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from combee.errors import ConfigError
+from combee.errors import ConfigError, KafkaUnreachable
 from streams.topics import DEFAULT_PARTITIONS, DEFAULT_PREFIX, Topics, TopicSpec
 
 if TYPE_CHECKING:
@@ -42,12 +43,15 @@ __all__ = [
     "TopicsReport",
     "aiokafka_security_kwargs",
     "bootstrap_servers",
+    "check_kafka_reachable",
     "create_topics_command",
+    "delete_prefixed_topics",
     "describe_topics",
     "ensure_topics",
     "faust_security_kwargs",
     "kafka_security_kwargs",
     "missing_topics",
+    "require_kafka",
     "topic_states",
 ]
 
@@ -73,6 +77,52 @@ class MaskedSecret(str):
 def bootstrap_servers(kafka: Settings | str) -> str:
     """The bootstrap list of a Settings object, or the string itself."""
     return kafka if isinstance(kafka, str) else kafka.kafka_bootstrap
+
+
+def _addresses(bootstrap: str) -> list[tuple[str, int]]:
+    out = []
+    for item in bootstrap.split(","):
+        item = item.strip()
+        if "://" in item:
+            item = item.split("://", 1)[1]
+        host, _, port = item.rpartition(":")
+        if host and port.isdigit():
+            out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def check_kafka_reachable(bootstrap: str, timeout_s: float = 3.0) -> str | None:
+    """None when a TCP connection to one of ``bootstrap``'s addresses opens within ``timeout_s`` seconds (in
+    all); else why not, one line naming each address. It checks the network path only (a broker that accepts
+    the connection but does not answer Kafka requests still passes); kafka-python's bootstrap, by contrast,
+    waits about 30 s before it gives up."""
+    addresses = _addresses(bootstrap)
+    if not addresses:
+        return f"no host:port in the bootstrap list {bootstrap!r}"
+    deadline = time.monotonic() + timeout_s
+    reasons = []
+    for host, port in addresses:
+        left = max(0.2, deadline - time.monotonic())
+        try:
+            with socket.create_connection((host, port), timeout=left):
+                return None
+        except TimeoutError:
+            reasons.append(f"{host}:{port}: no answer within {timeout_s:g} s")
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {(exc.strerror or str(exc) or type(exc).__name__).lower()}")
+    return "; ".join(reasons)
+
+
+def require_kafka(kafka: Settings | str, timeout_s: float = 3.0) -> None:
+    """Raise :class:`~combee.errors.KafkaUnreachable` — one line naming the address and the command that starts
+    a local broker — when no bootstrap address of ``kafka`` accepts a connection within ``timeout_s``."""
+    bootstrap = bootstrap_servers(kafka)
+    why = check_kafka_reachable(bootstrap, timeout_s)
+    if why is not None:
+        raise KafkaUnreachable(
+            bootstrap,
+            f"Kafka is not reachable at {bootstrap} ({why}); start it, or for the local one run: combee dev up",
+        )
 
 
 @dataclass(frozen=True)
@@ -300,8 +350,9 @@ def ensure_topics(
 
     Raises ConfigError when a topic has the wrong partition count (co-partitioning by namespace would break;
     the message names each topic and both counts) or when the broker refuses to create one (bad replication
-    factor, not authorised, ...). Connection failures raise kafka-python's errors (NoBrokersAvailable,
-    KafkaTimeoutError). Config drift on existing topics is reported in the result, not raised.
+    factor, not authorised, ...). No broker at the bootstrap addresses raises KafkaUnreachable within a few
+    seconds; other connection failures raise kafka-python's errors (NoBrokersAvailable, KafkaTimeoutError).
+    Config drift on existing topics is reported in the result, not raised.
     ``replication_factor`` and ``min_insync_replicas`` (a topic config, set only when given) default to the
     Settings' (``COMBEE_REPLICATION_FACTOR``, ``COMBEE_MIN_INSYNC_REPLICAS``), or to 1 and the broker's
     default for a bare bootstrap string; they apply to the topics created here. ``admin_factory`` (default
@@ -427,6 +478,8 @@ def _admin(kafka: Settings | str, client_id: str, timeout_s: float, admin_factor
     if admin_factory is None:
         from kafka.admin import KafkaAdminClient
 
+        require_kafka(kafka, min(timeout_s, 3.0))  # a broker that is not there: one line at once, not a timeout
+
         admin_factory = KafkaAdminClient
     timeout_ms = max(1000, int(timeout_s * 1000))
     security = kafka_security_kwargs(kafka) if not isinstance(kafka, str) else {}
@@ -448,7 +501,8 @@ def describe_topics(
 ) -> list[TopicState]:
     """Every topic of ``topics.specs()`` as the cluster has it (one metadata request; nothing is changed).
 
-    Connection failures raise kafka-python's errors (NoBrokersAvailable, KafkaTimeoutError).
+    No broker at the bootstrap addresses raises KafkaUnreachable; other connection failures raise kafka-python's
+    errors (NoBrokersAvailable, KafkaTimeoutError).
     """
     admin = _admin(kafka, "combee-describe-topics", timeout_s, admin_factory)
     try:
@@ -490,3 +544,21 @@ def create_topics_command(bootstrap: str, topics: Topics) -> str:
     if topics.partitions != DEFAULT_PARTITIONS:
         parts += ["--partitions", str(topics.partitions)]
     return shlex.join(parts)
+
+
+def delete_prefixed_topics(
+    kafka: Settings | str, prefix: str, *, timeout_s: float = 30.0, admin_factory: Callable[..., Any] | None = None
+) -> list[str]:
+    """Delete every topic whose name starts with ``prefix.`` (Combee's topics under it) or ``prefix-`` (Faust's
+    own, e.g. ``<prefix>-worker-__assignor-__leader``); returns their names, sorted. For throw-away runs (the
+    demo) that made a prefix of their own: never call it with a prefix other runs share."""
+    if not prefix or "*" in prefix:
+        raise ConfigError(f"refusing to delete topics under the prefix {prefix!r}")
+    admin = _admin(kafka, "combee-delete-topics", timeout_s, admin_factory)
+    try:
+        names = sorted(t for t in admin.list_topics() if t.startswith((f"{prefix}.", f"{prefix}-")))
+        if names:
+            admin.delete_topics(names, timeout_ms=max(1000, int(timeout_s * 1000)))
+        return names
+    finally:
+        admin.close()

@@ -10,6 +10,9 @@ Cluster slot and the atomic publish script can touch them together.
 ``<prefix>:{<ns>}:updates``   pub/sub channel: a message (the version number) per new version
 ``<prefix>:{<ns>}:status``    string: JSON status of the learner for the namespace (``combee status``)
 ``<prefix>:namespaces``       set of namespaces ever published
+``<prefix>:seen``             set of namespaces a worker has received a trace of (published or not yet)
+``<prefix>:health``           hash: worker id -> JSON health report of that worker's dependencies (LLM endpoint,
+                              embeddings endpoint, Kafka, Redis; ``combee status``, ``combee ui``)
 """
 
 from __future__ import annotations
@@ -46,3 +49,11 @@ class RedisKeys:
     @property
     def namespaces(self) -> str:
         return f"{self.prefix}:namespaces"
+
+    @property
+    def seen(self) -> str:
+        return f"{self.prefix}:seen"
+
+    @property
+    def health(self) -> str:
+        return f"{self.prefix}:health"

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from combee.health import STALE_AFTER_S, describe_dependency
 from combee.models import Playbook
 from combee.promptdiff import PromptDiff, VersionRecord, WindowProvenance, diff_span, diff_versions
 from combee.store import PublishedPrompt
@@ -31,7 +32,9 @@ __all__ = [
     "OverviewStore",
     "VersionDetail",
     "WindowRow",
+    "WorkerHealth",
     "WorkerReport",
+    "health_view",
     "namespace_overview",
     "namespace_summaries",
     "prompt_diff",
@@ -54,6 +57,23 @@ class OverviewStore(Protocol):
     async def history(self, namespace: str, limit: int = 20) -> list[HistoryEntry]: ...
     async def version_record(self, namespace: str, version: int) -> VersionRecord | None: ...
     async def get_status(self, namespace: str) -> dict[str, Any] | None: ...
+    async def seen_namespaces(self) -> list[str]: ...
+    async def health_reports(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """One worker's health report: each dependency that is down, described (since when, the last error, what it
+    holds up), and the names of those up. ``stale``: the report is older than :data:`combee.health.STALE_AFTER_S`
+    (the worker stopped, or cannot write to Redis)."""
+
+    worker: str
+    updated_at: float | None
+    age_s: float | None
+    stale: bool
+    down: tuple[str, ...]
+    up: tuple[str, ...]
+    unchecked: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -155,10 +175,33 @@ def worker_report(status: Mapping[str, Any] | None) -> WorkerReport | None:
     )
 
 
-async def namespace_summaries(store: OverviewStore) -> list[NamespaceSummary]:
-    """Every namespace ever published, sorted, with its current version and its worker's report."""
+async def health_view(store: OverviewStore, now: float) -> tuple[WorkerHealth, ...]:
+    """Every worker's health report (newest first), its outages described as of ``now``."""
     out = []
-    for ns in await store.namespaces():
+    for report in await store.health_reports():
+        deps = report.get("dependencies")
+        entries = [d for d in deps.values() if isinstance(d, dict)] if isinstance(deps, dict) else []
+        updated = _float(report.get("updated_at"))
+        age = None if updated is None else max(0.0, now - updated)
+        worker = report.get("worker")
+        out.append(
+            WorkerHealth(
+                worker=worker if isinstance(worker, str) else "?",
+                updated_at=updated,
+                age_s=age,
+                stale=age is None or age > STALE_AFTER_S,
+                down=tuple(describe_dependency(d, now) for d in entries if d.get("state") == "down"),
+                up=tuple(str(d.get("name")) for d in entries if d.get("state") == "up"),
+                unchecked=tuple(str(d.get("name")) for d in entries if d.get("state") not in ("up", "down")),
+            )
+        )
+    return tuple(out)
+
+
+async def namespace_summaries(store: OverviewStore) -> list[NamespaceSummary]:
+    """Every namespace published or seen by a worker, sorted, with its current version and its worker's report."""
+    out = []
+    for ns in sorted(set(await store.namespaces()) | set(await store.seen_namespaces())):
         current = await store.current(ns)
         out.append(
             NamespaceSummary(

@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from combee.errors import ConfigError, InvalidNamespace, TopicMissing, TraceError
 from combee.models import Trace, validate_namespace
 from combee.tracefile import parse_trace
-from streams.kafka_config import bootstrap_servers, create_topics_command, kafka_security_kwargs, missing_topics
+from streams.kafka_config import (
+    bootstrap_servers,
+    create_topics_command,
+    kafka_security_kwargs,
+    missing_topics,
+    require_kafka,
+)
 from streams.topics import Topics
 
 if TYPE_CHECKING:
@@ -160,6 +166,7 @@ class TracePublisher:
         if producer_factory is None:
             from kafka import KafkaProducer
 
+            require_kafka(self._bootstrap)
             producer_factory = KafkaProducer
         self._producer: ProducerLike = producer_factory(
             bootstrap_servers=self._bootstrap,

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_HISTORY_LIMIT",
+    "HEALTH_FORGET_S",
     "MAX_TRIM_PER_PUBLISH",
     "PUBLISH_SCRIPT",
     "STATUS_TTL_S",
@@ -68,6 +69,9 @@ DEFAULT_HISTORY_LIMIT: Final = 1000
 STATUS_TTL_S: Final = 300
 """Default TTL of the ``status`` key. The learner refreshes it far more often (per window and on a timer);
 when the learner dies the status disappears within five minutes instead of claiming health forever."""
+HEALTH_FORGET_S: Final = 3600.0
+"""A worker's health report older than this is dropped by the next worker that writes one (a worker that stops
+cleanly removes its own)."""
 MAX_TRIM_PER_PUBLISH: Final = 1000
 """Most per-version hashes one publish deletes, so lowering ``history_limit`` on a long history cannot turn a
 publish into a long-running script; the rest is trimmed by the following publishes."""
@@ -127,6 +131,15 @@ redis.call('SADD', KEYS[4], ARGV[8])
 redis.call('PUBLISH', ARGV[9], ARGV[1])
 return {1, version, trimmed}
 """
+
+
+def _float_or_zero(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _age(report: Mapping[str, Any], now: float) -> float:
+    return now - _float_or_zero(report.get("updated_at"))
+
 
 _PUBLISH_SHA: Final = hashlib.sha1(PUBLISH_SCRIPT.encode("utf-8")).hexdigest()
 
@@ -312,7 +325,62 @@ class RedisPromptStore(PromptStore):
             raise ValueError("ttl_s must be at least 1 second")
         await self._call(cast(Awaitable[Any], self._redis.set(self.keys.status(namespace), body, ex=ttl)))
 
+    async def mark_seen(self, namespaces: Sequence[str]) -> None:
+        """Record that a worker has received traces of ``namespaces`` (the ``seen`` set; never expires), so readers
+        can tell a namespace still learning its first version from one nobody has heard of."""
+        names = [validate_namespace(ns) for ns in namespaces]
+        if names:
+            await self._call(cast(Awaitable[Any], self._redis.sadd(self.keys.seen, *names)))
+
+    async def set_health(
+        self, worker: str, report: Mapping[str, Any], *, forget_after_s: float = HEALTH_FORGET_S
+    ) -> None:
+        """Store ``worker``'s health report (JSON with ``updated_at``, wall clock) in the ``health`` hash, and drop
+        other workers' reports older than ``forget_after_s`` (workers that died without clearing theirs)."""
+        body = json.dumps(dict(report), separators=(",", ":"), sort_keys=True, allow_nan=False)
+        now = self._clock()
+        entries = await self._health_entries()
+        stale = [w for w, r in entries.items() if w != worker and _age(r, now) > forget_after_s]
+        await self._call(cast(Awaitable[Any], self._redis.hset(self.keys.health, worker, body)))
+        if stale:
+            await self._call(cast(Awaitable[Any], self._redis.hdel(self.keys.health, *stale)))
+
+    async def ping(self) -> None:
+        """Raise what redis-py raises when Redis does not answer ``PING``."""
+        await self._call(cast(Awaitable[Any], self._redis.ping()))
+
+    async def clear_health(self, worker: str) -> None:
+        """Remove ``worker``'s health report (it is stopping)."""
+        await self._call(cast(Awaitable[Any], self._redis.hdel(self.keys.health, worker)))
+
     # -- reads ----------------------------------------------------------------------------------------------
+
+    async def _health_entries(self) -> dict[str, dict[str, Any]]:
+        raw = await self._call(cast(Awaitable[Any], self._redis.hgetall(self.keys.health)))
+        out: dict[str, dict[str, Any]] = {}
+        for field_, value in (raw or {}).items():
+            worker, body = reply_text(field_), reply_text(value)
+            try:
+                obj = json.loads(body) if body else None
+            except ValueError:
+                obj = None
+            if worker and isinstance(obj, dict):
+                out[worker] = obj
+        return out
+
+    async def health_reports(self) -> list[dict[str, Any]]:
+        """Every worker's last health report (a JSON object with ``worker``, ``updated_at`` and ``dependencies``),
+        newest first. Reports of workers that stopped without clearing theirs stay until another worker forgets
+        them; readers judge their age by ``updated_at``."""
+        entries = await self._health_entries()
+        for worker, report in entries.items():
+            report.setdefault("worker", worker)
+        return sorted(entries.values(), key=lambda r: -(_float_or_zero(r.get("updated_at"))))
+
+    async def seen_namespaces(self) -> list[str]:
+        """Every namespace a worker has received traces of, sorted (published or not)."""
+        members = await self._call(cast(Awaitable[Any], self._redis.smembers(self.keys.seen)))
+        return sorted(t for t in (reply_text(m) for m in members) if t)
 
     async def current(self, namespace: str) -> PublishedPrompt | None:
         """The newest published version (read with one HMGET, so never torn), or None if none was published.

@@ -26,7 +26,7 @@ from combee.settings import Settings
 from streams.codec import CodecError, decode_trace, encode
 from streams.deltalog import split_log
 from streams.envelopes import DeltaRecord, WindowEnvelope
-from streams.kafka_config import kafka_security_kwargs
+from streams.kafka_config import kafka_security_kwargs, require_kafka
 from streams.topics import Topics, partition_for
 
 __all__ = ["ReplayReport", "replay"]
@@ -85,6 +85,7 @@ def replay(
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
     part = partition_for(namespace.encode(), topics.partitions)
     security = kafka_security_kwargs(settings)
+    require_kafka(settings)
     consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, **security)
     try:
         tp = TopicPartition(topics.traces, part)

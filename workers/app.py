@@ -29,6 +29,7 @@ from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
 from workers.fanout import handle_reflected
+from workers.health import HealthWatch, health_loop, llm_dependency_names
 from workers.kafka_driver import App
 from workers.mapper import handle_window
 from workers.observe import lag_reporter, publish_listener
@@ -94,11 +95,13 @@ def create_app(
     consumer_kwargs: dict[str, Any] | None = None,
     dedup: NearDuplicates | None = None,
     metrics: Metrics | None = None,
+    health: HealthWatch | None = None,
 ) -> tuple[faust.App, StageContext]:
     """Build the app and the stages' shared context (nothing connects until the worker starts).
 
     ``metrics`` (None: off) receives the stages' reports, the versions the publisher sees in Redis and, every
-    few seconds, the consumer lag of the assigned partitions.
+    few seconds, the consumer lag of the assigned partitions. ``health`` (None: off) is checked at start and
+    every ``settings.health_interval_s`` seconds and told of every LLM step's outcome; its report goes to Redis.
     """
     roles = set(roles)
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
@@ -158,6 +161,14 @@ def create_app(
         metrics=metrics or NoMetrics(),
     )
     publisher.on_published = publish_listener(ctx)
+    if health is not None:
+        dependency = llm_dependency_names(settings)
+        watch = health
+        ctx.llm_outcome = lambda role, exc: watch.llm_outcome(dependency.get(role, "llm"), exc)
+
+        @app.task
+        async def health_reporter() -> None:
+            await health_loop(ctx, watch, store, settings.health_interval_s)
 
     def stage_agent(topic_name: str, name: str, handle: Handler) -> None:
         """One agent per stage topic, all alike: take events unacked (the stage acks when its work is durable),
@@ -187,6 +198,10 @@ def create_app(
         async def status_reporter() -> None:
             while True:
                 await asyncio.sleep(2.0)
+                try:
+                    await store.mark_seen(sorted(ctx.runtimes))
+                except Exception as exc:  # Redis down: best effort, as the status below
+                    log.debug("namespaces seen not written: %s", exc)
                 for rt in list(ctx.runtimes.values()):
                     try:
                         await store.set_status(rt.namespace, status_of(ctx, rt))

@@ -87,6 +87,9 @@ class StageContext:
     fenced_writes: int = 0  # delta records this process logged after another owner's claim (refused)
     metrics: Metrics = field(default_factory=NoMetrics)
     gathers: Gathers = field(default_factory=Gathers)  # reflection answers awaited by the map stage
+    # told of every LLM step's outcome (the dependency named for the role, and the outage or None): the health
+    # board follows an outage as soon as work meets it (workers/health.py)
+    llm_outcome: Callable[[Role, BaseException | None], None] | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""
@@ -120,6 +123,7 @@ class StageContext:
                 ),
             )
             self.runtimes[namespace] = rt
+            self.metrics.namespace_seen(namespace)
         return rt
 
     async def send(self, topic: str, key: str, envelope: Envelope, partition: int | None = None) -> int:
@@ -210,13 +214,21 @@ class StageContext:
         attempt = 0
         while True:
             try:
-                return await call()
+                result = await call()
             except (LLMUnavailable, LLMRateLimited) as exc:
                 attempt += 1
                 if role is not None:
                     self.metrics.llm_unavailable(role)
+                    if self.llm_outcome is not None and isinstance(exc, LLMUnavailable):
+                        self.llm_outcome(role, exc)
                 hint = getattr(exc, "retry_after_s", None) or 0.0
                 delay = max(hint, self.rng.uniform(0, min(self.config.retry_max_s, 0.5 * 2**attempt)))
-                log.warning("%s: LLM endpoint unavailable (%s); retrying in %.1fs", what, exc, delay)
+                # the first failure and every tenth: the health report (combee status) says the rest
+                level = logging.WARNING if attempt % 10 == 1 else logging.DEBUG
+                log.log(level, "%s: LLM endpoint unavailable (%s); retry %d in %.1fs", what, exc, attempt, delay)
                 self.touch()
                 await asyncio.sleep(delay)
+                continue
+            if role is not None and self.llm_outcome is not None:
+                self.llm_outcome(role, None)
+            return result

@@ -18,8 +18,9 @@ from combee.wiring import (
     build_topics,
     method_config,
 )
-from streams.kafka_config import aiokafka_security_kwargs, ensure_topics, faust_security_kwargs
+from streams.kafka_config import aiokafka_security_kwargs, ensure_topics, faust_security_kwargs, require_kafka
 from workers.app import ROLES, create_app
+from workers.health import build_health
 
 __all__ = ["run_worker"]
 
@@ -35,9 +36,11 @@ def run_worker(
     """Run a worker until it is stopped (SIGTERM/SIGINT) or, with ``until_idle_s``, until it is idle.
 
     Serves metrics (when ``metrics_port`` is set), creates missing topics and the state directory (Faust's
-    datadir is under it) first. Returns the process exit status.
+    datadir is under it) first. Returns the process exit status. Raises KafkaUnreachable at once (not after
+    kafka-python's 30 s) when no bootstrap address answers.
     """
     metrics = build_metrics(settings)  # first: a taken port fails before anything connects
+    require_kafka(settings)
     ensure_topics(settings, build_topics(settings))
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
@@ -54,6 +57,7 @@ def run_worker(
         faust_kwargs=faust_security_kwargs(settings),
         consumer_kwargs=aiokafka_security_kwargs(settings),
         metrics=metrics,
+        health=build_health(settings, store) if settings.health_interval_s > 0 else None,
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     # One INFO line per LLM request ("HTTP Request: POST ...") cost a tenth of the worker's CPU per trace.

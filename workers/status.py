@@ -42,8 +42,10 @@ def status_of(ctx: StageContext, rt: NamespaceRuntime) -> dict[str, Any]:
         "controller": {
             "profiling": trial is not None,
             "next_trial": trial,
+            "trials_left": list(rt.controller.trials_left()),
             "batch_size": decision.batch_size if decision is not None else None,
-            "why": decision.explain() if decision is not None else "profiling candidate sizes",
+            "why": rt.controller.profiling_note()
+            or (decision.explain() if decision is not None else "profiling done: it decides at the next window"),
             "observations": [list(o) for o in rt.controller.observations[-8:]],
         },
         "latency_close_to_applied_s": {"p50": _quantile(lat, 0.5), "p95": _quantile(lat, 0.95), "n": len(lat)},

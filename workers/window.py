@@ -43,6 +43,7 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         # Keyed by something other than the namespace: move it to the namespace's partition, where the
         # namespace's window, map and combine stages live (one owner per namespace).
         await ctx.io.send(ctx.topics.traces, trace.namespace.encode(), msg.value, rt.partition)
+        ctx.metrics.trace_moved(trace.namespace)
         await ctx.acks.done(event)
         return
     rt.traces_seen += 1

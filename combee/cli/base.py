@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_LLM",
+    "EXIT_NOT_YET",
     "EXIT_SERVICE",
+    "EXIT_UNKNOWN_NAMESPACE",
     "EXIT_USAGE",
     "CliError",
     "Parser",
@@ -47,6 +49,8 @@ __all__ = [
 EXIT_USAGE = 2
 EXIT_LLM = 3
 EXIT_SERVICE = 4
+EXIT_NOT_YET = 5  # the namespace is known (a worker has its traces) but nothing is published yet
+EXIT_UNKNOWN_NAMESPACE = 6  # no worker has received a trace of the namespace and nothing is published
 
 
 class CliError(Exception):
@@ -227,6 +231,10 @@ def service_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argpa
             except Exception:  # the settings themselves are fine by now; this is only for redaction
                 secrets = []
             message = redact(f"{type(exc).__name__}: {exc}", secrets)[:400]
+            if isinstance(exc, redis.exceptions.ConnectionError) and not isinstance(
+                exc, redis.exceptions.AuthenticationError
+            ):
+                message += "; start it, or for the local one run: combee dev up"
             raise CliError(f"{service}: {message}", EXIT_SERVICE) from None
 
     return run

@@ -140,6 +140,7 @@ def _streaming(args: argparse.Namespace) -> int:
         if worker is not None:
             worker.terminate()
             worker.wait(timeout=30)
+        _delete_topics(bootstrap, prefix)  # its own prefix: nothing another run uses
         if started:
             local.down(state_dir, services=started)
             _say(f"stopped {', '.join(started)}")
@@ -152,6 +153,18 @@ def _create_topics(bootstrap: str, prefix: str) -> None:
 
     report = ensure_topics(bootstrap, Topics(prefix=prefix))
     _say(f"topics under prefix {prefix}: {len(report.created)} created, {len(report.existing)} already there")
+
+
+def _delete_topics(bootstrap: str, prefix: str) -> None:
+    """The demo's topics (its own prefix) go when it ends: a second run does not find the first one's."""
+    from streams.kafka_config import delete_prefixed_topics
+
+    try:
+        names = delete_prefixed_topics(bootstrap, prefix)
+    except Exception as exc:  # the broker may be gone already; say what is left behind
+        _say(f"could not delete the topics under {prefix} ({type(exc).__name__}: {exc}); delete them by hand")
+        return
+    _say(f"deleted the {len(names)} topics under prefix {prefix}")
 
 
 def _publish(bootstrap: str, prefix: str, n: int, rate: float) -> dict[str, int]:
@@ -266,6 +279,7 @@ def _streaming_real(args: argparse.Namespace) -> int:
     _say(f"REAL model {model!r} at {base_url}" + (" (started here)" if llm_started else ""))
     services = None
     worker: subprocess.Popen[bytes] | None = None
+    created: str | None = None
     try:
         traces = real_traces(base_url, model, args.traces)
         services = local.up(_state_dir())
@@ -280,6 +294,7 @@ def _streaming_real(args: argparse.Namespace) -> int:
         # one window holds every trace: the demo shows one Combee iteration (map, shuffle, scan) on real data
         os.environ.setdefault("COMBEE_BS_CANDIDATES", f"[{len(traces)}]")
         os.environ.setdefault("COMBEE_BS_MIN", "1")
+        created = prefix
         _create_topics(bootstrap, prefix)
         worker = spawn_worker(log_path, "--until-idle", "30", base_url=base_url, bootstrap=bootstrap,
                               redis_url=redis_url, prefix=prefix, max_wait_s=5)  # fmt: skip
@@ -303,6 +318,8 @@ def _streaming_real(args: argparse.Namespace) -> int:
         if worker is not None and worker.poll() is None:
             worker.terminate()
             worker.wait(timeout=60)
+        if created is not None and services is not None:
+            _delete_topics(services.kafka_bootstrap, created)
         if services is not None and services.started:
             local.down(_state_dir(), services=services.started)
         if llm_started:

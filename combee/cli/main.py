@@ -28,7 +28,7 @@ from combee.cli.task import add_task_command
 from combee.cli.topics import add_topics_command
 from combee.cli.ui import add_ui_command
 from combee.cli.worker import add_worker_command
-from combee.errors import CombeeError, ConfigError, LLMRateLimited, LLMUnavailable, TopicMissing
+from combee.errors import CombeeError, ConfigError, KafkaUnreachable, LLMRateLimited, LLMUnavailable, TopicMissing
 
 __all__ = ["build_parser", "main"]
 
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"the LLM endpoint keeps rate-limiting: {exc}", EXIT_LLM)
     except LLMUnavailable as exc:
         return _fail(f"cannot use the LLM endpoint: {exc}", EXIT_LLM)
-    except TopicMissing as exc:
+    except (TopicMissing, KafkaUnreachable) as exc:
         return _fail(str(exc), EXIT_SERVICE)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_USAGE)

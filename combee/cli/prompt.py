@@ -4,14 +4,26 @@ namespace. ``diff`` reads the versions from Redis and leaves the comparison to :
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
+import math
 import sys
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from combee.cli.base import CliError, add_connection_options, positive_int, prompt_client, stream_settings
+from combee.cli.base import (
+    EXIT_NOT_YET,
+    EXIT_SERVICE,
+    EXIT_UNKNOWN_NAMESPACE,
+    CliError,
+    add_connection_options,
+    positive_int,
+    prompt_client,
+    service_errors,
+    stream_settings,
+)
 
 if TYPE_CHECKING:
     from streams.client import PromptClient
@@ -23,9 +35,22 @@ def add_prompt_command(sub: Any) -> None:
     """Register ``prompt`` on ``combee``'s subparsers."""
     p = sub.add_parser("prompt", help="read the learned prompt of a namespace from Redis")
     psub = p.add_subparsers(dest="prompt_command", required=True, parser_class=type(p))
-    g = psub.add_parser("get", help="print the current prompt")
+    g = psub.add_parser(
+        "get",
+        help="print the current prompt",
+        description="Print the current prompt. Exit status 5: the namespace has traces but no version yet; "
+        "6: unknown namespace (no worker has received a trace of it); 4: Redis unreachable.",
+    )
     g.add_argument("namespace")
     g.add_argument("--json", action="store_true")
+    g.add_argument(
+        "--wait",
+        nargs="?",
+        type=float,
+        const=math.inf,
+        metavar="SECONDS",
+        help="wait for a first version when there is none yet (without SECONDS: as long as it takes)",
+    )
     w = psub.add_parser("watch", help="print every new version as it is published")
     w.add_argument("namespace")
     w.add_argument("--count", type=positive_int, help="stop after COUNT versions")
@@ -48,19 +73,56 @@ def add_prompt_command(sub: Any) -> None:
     r.add_argument("--timeout", type=float, default=60.0)
     for q in (g, s, w, h, d, r):
         add_connection_options(q)
-    p.set_defaults(func=cmd_prompt)
+    p.set_defaults(func=service_errors(cmd_prompt))
+
+
+def _no_prompt(settings: Any, namespace: str, waited: float | None) -> CliError:
+    """Why there is no prompt to print: nothing learned yet (exit 5) or an unknown namespace (exit 6)."""
+    from streams.status import read_namespace_state
+
+    state, report = asyncio.run(read_namespace_state(settings, namespace))
+    prefix = f"no version within {waited:g} s: " if waited is not None else ""
+    if state == "unknown":
+        return CliError(
+            f"{prefix}unknown namespace {namespace!r}: no worker has received a trace of it and nothing is "
+            "published (`combee status` lists the namespaces there are)",
+            EXIT_UNKNOWN_NAMESPACE,
+        )
+    seen = ""
+    if report:
+        seen = (
+            f" (its worker has seen {report.get('traces_seen', '?')} traces, "
+            f"{report.get('windows_in_flight', '?')} windows in flight)"
+        )
+    hint = "" if waited is not None else f"; wait for it with: combee prompt get {namespace} --wait"
+    return CliError(f"{prefix}namespace {namespace!r} has nothing learned yet{seen}{hint}", EXIT_NOT_YET)
+
+
+def _get(client: PromptClient, settings: Any, wait_s: float | None) -> Any:
+    from streams.client import PromptUnavailable
+
+    try:
+        return client.get()
+    except PromptUnavailable as exc:
+        if exc.unreadable:  # Redis could not be read: not a question of the namespace
+            raise CliError(str(exc), EXIT_SERVICE) from None
+        if wait_s is None:
+            raise _no_prompt(settings, client.namespace, None) from None
+    for v in client.watch(timeout=None if math.isinf(wait_s) else wait_s):
+        return v
+    raise _no_prompt(settings, client.namespace, wait_s)
 
 
 def cmd_prompt(args: argparse.Namespace) -> int:
     from streams.client import PromptUnavailable
 
     settings = stream_settings(args)
-    if args.prompt_command == "rollback":
-        return _rollback(settings, args)
     with prompt_client(settings, args.namespace) as client:
         try:
+            if args.prompt_command == "rollback":
+                return _rollback(settings, client, args)
             if args.prompt_command == "get":
-                v = client.get()
+                v = _get(client, settings, args.wait)
                 if args.json:
                     print(json.dumps({"namespace": v.namespace, "version": v.version, "prompt": v.prompt,
                                       "window_id": v.window_id, "published_at": v.published_at}))  # fmt: skip
@@ -91,7 +153,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
                     if args.count and count >= args.count:
                         break
         except PromptUnavailable as exc:
-            raise CliError(str(exc), 4) from None
+            raise CliError(str(exc), EXIT_SERVICE) from None
     return 0
 
 
@@ -128,34 +190,30 @@ def _diff(client: PromptClient, args: argparse.Namespace) -> None:
         print(render_diff(diff), end="")
 
 
-def _rollback(settings: Any, args: argparse.Namespace) -> int:
+def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> int:
     from kafka import KafkaProducer
 
-    from combee.models import validate_namespace
     from streams.codec import encode
     from streams.envelopes import Control
-    from streams.kafka_config import kafka_security_kwargs
+    from streams.kafka_config import kafka_security_kwargs, require_kafka
     from streams.topics import Topics
 
-    validate_namespace(args.namespace)
-    with prompt_client(settings, args.namespace) as client:
-        before = client.get().version
-        if not 1 <= args.to <= before:
-            raise CliError(f"no version {args.to} to roll back to (current is {before})")
-        topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-        producer = KafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap, acks="all", **kafka_security_kwargs(settings)
-        )
-        ctrl = Control(namespace=args.namespace, kind="rollback", to_version=args.to, requested_at=time.time())
-        producer.send(topics.partials, key=args.namespace.encode(), value=encode(ctrl)).get(timeout=30)
-        producer.close()
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            v = client.get()
-            if v.version > before:
-                print(f"{args.namespace}: version {v.version} now holds the content of version {args.to}")
-                return 0
-            time.sleep(0.5)
+    before = client.get().version
+    if not 1 <= args.to <= before:
+        raise CliError(f"no version {args.to} to roll back to (current is {before})")
+    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    require_kafka(settings)
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **kafka_security_kwargs(settings))
+    ctrl = Control(namespace=args.namespace, kind="rollback", to_version=args.to, requested_at=time.time())
+    producer.send(topics.partials, key=args.namespace.encode(), value=encode(ctrl)).get(timeout=30)
+    producer.close()
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        v = client.get()
+        if v.version > before:
+            print(f"{args.namespace}: version {v.version} now holds the content of version {args.to}")
+            return 0
+        time.sleep(0.5)
     raise CliError(
         f"rollback requested, but no new version appeared within {args.timeout:g}s (is a worker running?)", 4
     )

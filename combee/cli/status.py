@@ -1,44 +1,85 @@
-"""``combee status``: per namespace: version, traces seen, lag, windows in flight, controller."""
+"""``combee status``: the workers' dependencies (up or down, since when, what an outage holds up), then per
+namespace: version, traces seen, lag, windows in flight, the controller's choice and why."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import time
 from typing import Any
 
-from combee.cli.base import add_connection_options, service_errors, stream_settings
+from combee.cli.base import EXIT_UNKNOWN_NAMESPACE, CliError, add_connection_options, service_errors, stream_settings
+from combee.health import STALE_AFTER_S, describe_dependency, describe_duration
+from combee.models import validate_namespace
 
-__all__ = ["add_status_command", "cmd_status"]
+__all__ = ["add_status_command", "cmd_status", "format_status"]
 
 
 def add_status_command(sub: Any) -> None:
     """Register ``status`` on ``combee``'s subparsers."""
-    p = sub.add_parser("status", help="per namespace: version, traces seen, lag, windows in flight, controller")
+    p = sub.add_parser(
+        "status", help="the workers' dependencies, then per namespace: version, traces seen, lag, controller"
+    )
     p.add_argument("namespace", nargs="?")
     p.add_argument("--json", action="store_true")
     add_connection_options(p)
     p.set_defaults(func=service_errors(cmd_status))
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from streams.status import collect_status
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
 
-    settings = stream_settings(args)
-    rows = asyncio.run(collect_status(settings, args.namespace))
-    if args.json:
-        print(json.dumps(rows, indent=2, default=str))
-        return 0
+
+def format_status(status: dict[str, Any], now: float) -> str:
+    """``combee status``'s text: a block per worker (its dependencies), then two lines per namespace."""
+    lines = []
+    if status.get("kafka_error"):
+        lines.append(f"kafka: {status['kafka_error']} (lag unknown)")
+    workers = status.get("workers") or []
+    if not workers:
+        lines.append("workers: no health report (no worker running, or none has reached Redis)")
+    for report in workers:
+        age = report.get("age_s")
+        stale = isinstance(age, int | float) and age > STALE_AFTER_S
+        when = f"reported {describe_duration(age)} ago" if isinstance(age, int | float) else "report time unknown"
+        lines.append(f"worker {report.get('worker', '?')} ({when}{'; STALE: is it still running?' if stale else ''}):")
+        deps = report.get("dependencies") or {}
+        for entry in deps.values() if isinstance(deps, dict) else ():
+            lines.append(f"  {describe_dependency(entry, now)}")
+    rows = status.get("namespaces") or []
     if not rows:
-        print("no namespaces published yet")
-        return 0
+        lines.append("no namespaces yet (no worker has received a trace, nothing is published)")
     for row in rows:
         st = row.get("worker_status") or {}
         ctl = st.get("controller") or {}
-        print(
-            f"{row['namespace']}: version {row.get('version')}, traces seen {st.get('traces_seen', '-')}, "
-            f"lag {row.get('lag', '-')}, windows in flight {st.get('windows_in_flight', '-')}, "
-            f"buffered {st.get('buffered', '-')}"
+        version = row.get("version")
+        shown = f"version {version}" if version is not None else "no version published yet"
+        lag = row.get("lag")
+        lines.append(
+            f"{row['namespace']}: {shown}, traces seen {_dash(st.get('traces_seen'))}, "
+            f"lag {'unknown' if lag is None else lag}, windows in flight {_dash(st.get('windows_in_flight'))}, "
+            f"buffered {_dash(st.get('buffered'))}"
         )
-        print(f"  controller: {ctl.get('why', 'no report from a worker (is one running?)')}")
+        lines.append(f"  controller: {ctl.get('why', 'no report from a worker (is one running?)')}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from streams.status import collect_status
+
+    if args.namespace is not None:
+        validate_namespace(args.namespace)
+    settings = stream_settings(args)
+    status = asyncio.run(collect_status(settings, args.namespace))
+    if args.namespace is not None and status["namespaces"][0]["state"] == "unknown":
+        raise CliError(
+            f"unknown namespace {args.namespace!r}: no worker has received a trace of it and nothing is published "
+            "(`combee status` lists the namespaces there are)",
+            EXIT_UNKNOWN_NAMESPACE,
+        )
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+    else:
+        print(format_status(status, time.time()), end="")
     return 0

@@ -15,9 +15,16 @@ from urllib.parse import quote
 
 from combee.models import Bullet
 from combee.promptdiff import BulletChange, PromptDiff, WindowProvenance
-from streams.overview import NamespaceOverview, NamespaceSummary, VersionDetail, WindowRow, WorkerReport
+from streams.overview import (
+    NamespaceOverview,
+    NamespaceSummary,
+    VersionDetail,
+    WindowRow,
+    WorkerHealth,
+    WorkerReport,
+)
 
-__all__ = ["diff_page", "error_page", "index_page", "namespace_page", "version_page"]
+__all__ = ["diff_page", "error_page", "health_section", "index_page", "namespace_page", "version_page"]
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1180px; padding: 12px 20px; color: #1d2330; }
@@ -37,6 +44,9 @@ details.traces { display: inline; } details.traces summary { cursor: pointer; } 
 .removed { border-left: 4px solid #c2362f; padding-left: 6px; list-style: none; }
 .kind { font-weight: 700; text-transform: uppercase; font-size: 11px; margin-right: 6px; }
 .decision { font-family: ui-monospace, monospace; font-size: 12.5px; }
+.outage { background: #fdecea; border: 1px solid #c2362f; border-left: 6px solid #c2362f; padding: 6px 10px;
+          margin: 8px 0; }
+.outage b { color: #a1221b; } .healthy { color: #2e7d32; } .stale { color: #a15c00; }
 """
 
 _LATENCY_NOTE = (
@@ -138,10 +148,34 @@ def _report(report: WorkerReport | None) -> str:
     )
 
 
-def index_page(namespaces: Sequence[NamespaceSummary]) -> str:
-    """The namespaces, each with its current version and the controller's choice."""
+def health_section(workers: Sequence[WorkerHealth]) -> str:
+    """The workers' dependencies: a red box for each outage (what is down, since when, why, what it holds up),
+    one line for a worker whose dependencies are all up, and a warning for a report that stopped coming."""
+    if not workers:
+        return (
+            '<section id="health"><p class="muted">No worker has reported its health (is one running?).</p></section>'
+        )
+    parts = []
+    for w in workers:
+        age = "report time unknown" if w.age_s is None else f"reported {w.age_s:.0f} s ago"
+        who = f"worker <code>{_e(w.worker)}</code> ({age})"
+        if w.stale:
+            parts.append(f'<p class="stale">{who}: this report is stale: is the worker still running?</p>')
+        for line in w.down:
+            parts.append(
+                f'<div class="outage"><b>Outage</b> seen by {who}: <span class="outage-text">{_e(line)}</span></div>'
+            )
+        if not w.down:
+            ok = ", ".join(_e(n) for n in w.up) or "nothing checked yet"
+            parts.append(f'<p class="healthy">{who}: all dependencies up ({ok})</p>')
+    return '<section id="health">' + "\n".join(parts) + "</section>"
+
+
+def index_page(namespaces: Sequence[NamespaceSummary], health: Sequence[WorkerHealth] = ()) -> str:
+    """The workers' health, then the namespaces, each with its current version and the controller's choice."""
+    banner = health_section(health)
     if not namespaces:
-        body = '<h1>Namespaces</h1>\n<p class="empty">No namespace has a published prompt yet.</p>'
+        body = f'{banner}\n<h1>Namespaces</h1>\n<p class="empty">No namespace has traces or a published prompt yet.</p>'
         return _page("Namespaces", [], body)
     rows = [
         f"<tr><td>{_link(_ns_url(s.namespace), s.namespace, 'namespace')}</td>"
@@ -151,7 +185,7 @@ def index_page(namespaces: Sequence[NamespaceSummary]) -> str:
         for s in namespaces
     ]
     table = _table(["Namespace", "Version", "Published", "Batch size", "Controller"], rows, "namespaces")
-    return _page("Namespaces", [], f"<h1>Namespaces</h1>\n{table}")
+    return _page("Namespaces", [], f"{banner}\n<h1>Namespaces</h1>\n{table}")
 
 
 def _window_cells(w: WindowRow, namespace: str) -> str:
@@ -164,19 +198,21 @@ def _window_cells(w: WindowRow, namespace: str) -> str:
     )
 
 
-def namespace_page(view: NamespaceOverview) -> str:
-    """A namespace: its current version, its versions, its recent windows and its worker's report."""
+def namespace_page(view: NamespaceOverview, health: Sequence[WorkerHealth] = ()) -> str:
+    """The workers' outages, then a namespace: its current version, its versions, its recent windows and its
+    worker's report."""
     ns = view.namespace
     crumbs = [(None, ns)]
+    banner = health_section([w for w in health if w.down or w.stale])
     if not view.versions:
         body = (
-            f"<h1>{_e(ns)}</h1>\n"
+            f"{banner}\n<h1>{_e(ns)}</h1>\n"
             '<p class="empty">No version of this namespace is published yet.</p>\n'
             f"<h2>Controller</h2>\n{_report(view.report)}"
         )
         return _page(ns, crumbs, body)
     head = (
-        f"<h1>{_e(ns)}: version "
+        f"{banner}\n<h1>{_e(ns)}: version "
         f'<span id="current-version">{_or_dash(view.current)}</span></h1>\n'
         f"<p>{_link(_version_url(ns, view.current), 'current prompt') if view.current else ''} · "
         f"{_link(_diff_url(ns, None, None), 'what the last version changed')}</p>"

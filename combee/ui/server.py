@@ -3,7 +3,8 @@
 
 Routes: ``/`` (namespaces), ``/ns/{namespace}``, ``/ns/{namespace}/v/{version}``,
 ``/ns/{namespace}/diff?from=V&to=W`` (defaults as ``combee prompt diff``), and ``/api/namespaces``,
-``/api/ns/{namespace}``, ``/api/ns/{namespace}/v/{version}``, ``/api/ns/{namespace}/diff``. An invalid namespace,
+``/api/ns/{namespace}``, ``/api/ns/{namespace}/v/{version}``, ``/api/ns/{namespace}/diff``, ``/api/health`` (the
+workers' dependencies; the index page shows them, a namespace's page its outages). An invalid namespace,
 a version not retained or a bad query is a 404/400 page naming it; Redis unreachable is a 503 page.
 Read-only: nothing here writes to Redis.
 """
@@ -14,6 +15,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -102,12 +104,20 @@ def _page(handler: Callable[[web.Request, OverviewStore], Awaitable[web.Response
 
 async def _index(request: web.Request, store: OverviewStore) -> web.Response:
     summaries = await overview.namespace_summaries(store)
-    return _json(summaries) if request.path.startswith("/api/") else _html(render.index_page(summaries))
+    if request.path.startswith("/api/"):
+        return _json(summaries)
+    return _html(render.index_page(summaries, await overview.health_view(store, time.time())))
 
 
 async def _namespace_page(request: web.Request, store: OverviewStore) -> web.Response:
     view = await overview.namespace_overview(store, _namespace(request))
-    return _json(view) if request.path.startswith("/api/") else _html(render.namespace_page(view))
+    if request.path.startswith("/api/"):
+        return _json(view)
+    return _html(render.namespace_page(view, await overview.health_view(store, time.time())))
+
+
+async def _health(request: web.Request, store: OverviewStore) -> web.Response:
+    return _json(list(await overview.health_view(store, time.time())))
 
 
 async def _version_page(request: web.Request, store: OverviewStore) -> web.Response:
@@ -142,6 +152,7 @@ def build_app(store: OverviewStore) -> web.Application:
         app.router.add_get(base + "/ns/{namespace}", _page(_namespace_page))
         app.router.add_get(base + r"/ns/{namespace}/v/{version:\d+}", _page(_version_page))
         app.router.add_get(base + "/ns/{namespace}/diff", _page(_diff_page))
+    app.router.add_get("/api/health", _page(_health))
     app.router.add_get("/{tail:.*}", _not_found)
     return app
 

@@ -18,6 +18,8 @@ def test_key_names_are_spelled_as_documented() -> None:
     assert keys.updates("support") == "combee:{support}:updates"
     assert keys.status("support") == "combee:{support}:status"
     assert keys.namespaces == "combee:namespaces"
+    assert keys.seen == "combee:seen"
+    assert keys.health == "combee:health"
 
 
 def test_prefix_is_applied_everywhere() -> None:
@@ -25,6 +27,7 @@ def test_prefix_is_applied_everywhere() -> None:
     names = [keys.current("a"), keys.version("a", 1), keys.history("a"), keys.updates("a"), keys.status("a")]
     assert all(n.startswith("t-1234:{a}:") for n in names)
     assert keys.namespaces == "t-1234:namespaces"
+    assert (keys.seen, keys.health) == ("t-1234:seen", "t-1234:health")
 
 
 @pytest.mark.parametrize("namespace", ["a", "support.v2", "team_x-1", "A" * 64])

@@ -4,6 +4,7 @@ aiohttp's test client (escaping, an empty namespace, an unknown version is a 404
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -88,6 +89,14 @@ class FakeStore:
     async def get_status(self, namespace: str) -> dict[str, Any] | None:
         return self.status if namespace in self.records else None
 
+    async def seen_namespaces(self) -> list[str]:
+        return []
+
+    async def health_reports(self) -> list[dict[str, Any]]:
+        return list(self.health)
+
+    health: tuple[dict[str, Any], ...] = ()
+
 
 def store() -> FakeStore:
     return FakeStore([(V1, W1, ["t0", "t1", "t2"]), (V2, W2, ["t3", "t4"])], STATUS)
@@ -152,7 +161,7 @@ def test_an_empty_namespace_and_no_namespaces_say_so() -> None:
     page = render.namespace_page(overview.NamespaceOverview("quiet", None, (), (), None))
     assert "No version of this namespace is published yet." in page
     assert "No report from a worker" in page
-    assert "No namespace has a published prompt yet." in render.index_page([])
+    assert "No namespace has traces or a published prompt yet." in render.index_page([])
 
 
 def test_the_namespace_page_says_latencies_per_window_are_not_stored() -> None:
@@ -221,3 +230,32 @@ async def test_redis_unreachable_is_a_503_page() -> None:
         assert page.status == 503 and "cannot read Redis: ConnectionError" in await page.text()
         api = await c.get("/api/namespaces")
         assert api.status == 503 and json.loads(await api.text()) == {"error": "cannot read Redis: ConnectionError"}
+
+
+async def test_an_outage_a_worker_reports_shows_on_the_pages_and_in_the_api() -> None:
+    down = store()
+    now = time.time()
+    down.health = (
+        {
+            "worker": "vm:7",
+            "updated_at": now - 1,
+            "dependencies": {
+                "llm": {
+                    "name": "llm",
+                    "target": "http://127.0.0.1:8000/v1",
+                    "state": "down",
+                    "since": now - 30,
+                    "last_error": "ConnectionError: connection refused",
+                    "holds_up": {"windows_waiting": 1, "traces_buffered": 4},
+                },
+                "redis": {"name": "redis", "target": "redis://127.0.0.1:6379/0", "state": "up"},
+            },
+        },
+    )
+    async with TestClient(TestServer(build_app(down))) as c:
+        for path in ("/", f"/ns/{NS}"):
+            outage = texts(await (await c.get(path)).text(), "outage-text")[0]
+            assert len(outage) == 1 and outage[0].startswith("llm http://127.0.0.1:8000/v1: DOWN for 30 s")
+            assert outage[0].endswith("ConnectionError: connection refused; holds up 1 window, 4 traces buffered")
+        api = json.loads(await (await c.get("/api/health")).text())
+        assert api[0]["worker"] == "vm:7" and api[0]["up"] == ["redis"] and len(api[0]["down"]) == 1
