@@ -98,7 +98,6 @@ async def _http_models(base_url: str, api_key: str | None, timeout_s: float) -> 
     """``GET <base_url>/models``: a connection failure, a timeout, a 5xx or a refused key raise; anything else is
     an endpoint that answers (a server without the route answers 404, which is up)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    where = endpoint_url(base_url)
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
@@ -106,11 +105,11 @@ async def _http_models(base_url: str, api_key: str | None, timeout_s: float) -> 
         ):
             status = reply.status
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise ConnectionError(f"{where}: {type(exc).__name__}: {exc or 'no answer'}") from None
+        raise ConnectionError(f"GET /models: {type(exc).__name__}: {exc or 'no answer'}") from None
     if status >= 500:
-        raise ConnectionError(f"{where}: HTTP {status}")
+        raise ConnectionError(f"GET /models: HTTP {status}")
     if status in (401, 403):
-        raise PermissionError(f"{where}: HTTP {status}: the endpoint refused the API key")
+        raise PermissionError(f"GET /models: HTTP {status}: the endpoint refused the API key")
 
 
 def _endpoint_probe(base_url: str, api_key: str | None, timeout_s: float) -> Probe:

@@ -44,7 +44,12 @@ def add_sim_command(sub: Any) -> None:
     t = simsub.add_parser("traces", help="write a SIMULATED trace set, held-out tasks and ground truth")
     t.add_argument("--n", type=positive_int, required=True)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--out", type=Path, required=True)
+    t.add_argument(
+        "--out",
+        type=Path,
+        help="the trace file (default: var/sim/NAMESPACE-WORLD-nN-sSEED.jsonl, under the current directory's var/, "
+        "which git ignores); FILE.test.jsonl and FILE.truth.json are written beside it",
+    )
     t.add_argument("--namespace", default="demo")
     t.add_argument("--world", default="formula")
     t.add_argument("--test-n", type=int, default=400, help="held-out tasks to write next to the traces")
@@ -59,6 +64,8 @@ def cmd_sim_traces(args: argparse.Namespace) -> int:
         raise CliError(f"unknown world {args.world!r}; choose one of {', '.join(sorted(WORLDS))}")
     traces, tests, truth = generate_traces(args.n, args.seed, namespace=args.namespace, world=args.world,
                                            test_n=args.test_n)  # fmt: skip
+    if args.out is None:  # three files: not into the current directory (a repository root) unasked
+        args.out = Path("var") / "sim" / f"{args.namespace}-{args.world}-n{args.n}-s{args.seed}.jsonl"
     write_trace_set(args.out, traces, tests, truth)
     print(
         f"wrote {len(traces)} SIMULATED traces to {args.out}, {len(tests)} held-out tasks to "

@@ -115,3 +115,19 @@ def test_bad_options_are_one_line(args: list[str], message: str, tmp_path: Path)
     done = combee(*args)
     assert done.returncode == 2
     assert message in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_sim_traces_without_out_writes_under_var_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from combee.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["sim", "traces", "--n", "3", "--seed", "2", "--test-n", "2"]) == 0
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == [
+        "var/sim/demo-formula-n3-s2.jsonl",
+        "var/sim/demo-formula-n3-s2.test.jsonl",
+        "var/sim/demo-formula-n3-s2.truth.json",
+    ]
+    assert "var/sim/demo-formula-n3-s2.jsonl" in capsys.readouterr().out
