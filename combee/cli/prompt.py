@@ -90,10 +90,8 @@ def _no_prompt(settings: Any, namespace: str, waited: float | None) -> CliError:
         )
     seen = ""
     if report:
-        seen = (
-            f" (its worker has seen {report.get('traces_seen', '?')} traces, "
-            f"{report.get('windows_in_flight', '?')} windows in flight)"
-        )
+        traces, windows = report.get("traces_seen", "?"), report.get("windows_in_flight", "?")
+        seen = f" (its worker has seen {traces} traces; windows in flight: {windows})"
     hint = "" if waited is not None else f"; wait for it with: combee prompt get {namespace} --wait"
     return CliError(f"{prefix}namespace {namespace!r} has nothing learned yet{seen}{hint}", EXIT_NOT_YET)
 

@@ -156,3 +156,23 @@ async def test_consumer_lag_counts_unfinished_records_of_assigned_partitions() -
 def test_a_dead_letters_namespace_label_is_its_key_only_when_that_is_a_namespace() -> None:
     assert namespace_label(b"support-bot") == "support-bot"
     assert namespace_label(b"a b") == namespace_label(b"\xff") == namespace_label(None) == ""
+
+
+async def test_a_trace_on_another_partition_is_moved_and_counted() -> None:
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    m = with_metrics(ctx)
+    home = ctx.home_partition("alpha")
+    other = (home + 1) % ctx.topics.partitions  # where a CRC32 partitioner (kcat's default) may put it
+    raw = trace("alpha", 0)
+    offset = await kafka.send(ctx.topics.traces, b"alpha", raw, other)
+    await handle_trace(ctx, stream, Event(Msg(ctx.topics.traces, other, offset, b"alpha", raw)))
+    moved = [r.value for r in kafka.records(ctx.topics.traces) if r.partition == home]
+    assert moved == [raw]  # published again, to the namespace's partition
+    assert value(m, "combee_traces_moved_total", namespace="alpha") == 1
+    assert value(m, "combee_fenced_writes_total", namespace="alpha") == 0  # a series from the start
+    assert any(
+        s.name == "combee_fenced_writes_total" and s.labels == {"namespace": "alpha"}
+        for f in text_string_to_metric_families(m.render().decode())
+        for s in f.samples
+    )
