@@ -58,6 +58,7 @@ class IterationRecord:
     batch_size: int
     reflections: int
     wall_s: float
+    teaching: int
     critical_path_s: float
     llm_calls: int
     group_calls: int
@@ -97,6 +98,7 @@ def _record(result: WindowResult, epoch: int, size: int, trial: bool) -> Iterati
         batch_size=size,
         reflections=result.reflections,
         wall_s=result.wall_s,
+        teaching=result.teaching,
         critical_path_s=result.critical_path_s,
         llm_calls=result.meter.calls,
         group_calls=roles["curator"].calls if "curator" in roles else 0,
