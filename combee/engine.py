@@ -265,6 +265,7 @@ async def reflect(
     elif screen:
         screened = screen_reflection(outcome.value, trace)
         meter.refuse(reason for _, reason in screened.refused)
+        meter.trim(screened.trimmed)
         return CallOutcome(screened.reflection, outcome.service_s, outcome.attempts)
     return outcome
 
@@ -408,8 +409,9 @@ async def finish_ops(
     ops, copies = fold_copies(ops, similarity)
     meter.folded_copies += copies
     if config.screen:
-        ops, refused = screen_ops(ops)
+        ops, refused, trimmed = screen_ops(ops)
         meter.refuse(reason for _, reason in refused)
+        meter.trim(trimmed)
     mapping = await section_map([op.section for op in ops if isinstance(op, AddOp)], playbook, config, dedup, meter)
     ops = tuple(
         op.model_copy(update={"section": mapping[op.section]})

@@ -4,7 +4,11 @@ A small real model, asked what a run teaches, often answers with a record of the
 correctly applied the formula Current Ratio ... resulting in a current ratio of 2.00", the run's own numbers
 ("the discount rate should be 8% + 6% = 14%"), or a rule called wrong and then given unchanged as the fix.
 None of these helps on the next task, and each costs every later prompt its length. The prompts ask for
-reusable lessons (combee/prompts/templates.py); this screen refuses, with a counted reason, what still is not:
+reusable lessons (combee/prompts/templates.py); this screen takes out, with a counted reason, what still is not.
+It works sentence by sentence, because the local model usually writes the rule and then a worked example of
+this run in one lesson ("The formula for ROI is (Gain − Cost) / Cost. In this case, ... = 2.00."): the example's
+sentences go, the rule stays. A lesson with nothing left, or one that contradicts itself, is refused whole.
+The reasons:
 
 * ``records_the_run`` — it describes what the agent did or got in this run, not what to do;
 * ``copies_the_answer`` — it states the run's numeric answer or ground truth;
@@ -16,7 +20,7 @@ reusable lessons (combee/prompts/templates.py); this screen refuses, with a coun
 A refused insight is dropped from its reflection before any curator sees it (the rest of the reflection
 stays); :func:`screen_reflection` says why, for the meter. The rules are deliberately narrow: a lesson lost
 to a false refusal is a lesson lost, so each rule is measured on recorded answers of the local model
-(tests/unit/test_screen.py).
+(tests/unit/test_screen.py, tests/unit/fixtures/real_model/).
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from combee.models import AddOp, DeltaOp, Insight, Reflection, Trace, UpdateOp
 __all__ = [
     "REASONS",
     "Screened",
+    "Trimmed",
     "count_reasons",
     "run_numbers",
     "screen_lesson",
     "screen_ops",
     "screen_reflection",
+    "trim_lesson",
 ]
 
 
@@ -52,8 +58,20 @@ _RECORD_RES = tuple(
         # "the answer was 10.00", "resulting in a current ratio of 2.00"
         r"\b(answer|result) (was|is|of) -?\$?\d",
         r"\bresult(ing|ed) in (a|an|the)?\b[^.;]{0,40}\bof -?\$?\d",
+        # a worked example: "Plugging these values into the formula gives ...", "Calculating this, we get ...",
+        # "Therefore, the ROI on these materials is 2.00", "The agent provided the answer ..."
+        r"\b(plugging|substituting) (in )?(these|the|those) (values|numbers|figures)\b",
+        r"\bwe (get|obtain|find|arrive at)\b",
+        r"\btherefore,? the\b[^.;]{0,60}\b(is|are|was|equals?) (approximately |about )?[-$≈~]?\s?\d",
+        r"\bthe (agent|model|assistant) (provided|answered|wrote|computed|calculated|interpreted|used|applied|"
+        r"did not|didn't|failed to)\b",
     )
 )
+
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+
+_MIN_KEPT_CHARS = 24
+"""A lesson trimmed to less than this is refused: what is left of it is no lesson."""
 
 _ABOUT_PLAYBOOK_RE = re.compile(
     r"\b(the|this) playbook (does not|doesn't|did not|has no|had no|is empty|contains no|lacks|should (have )?"
@@ -129,9 +147,9 @@ def _contradicts_itself(lesson: str) -> bool:
 
 
 def screen_lesson(lesson: str, trace: Trace | None = None) -> str | None:
-    """The reason ``lesson`` is not a reusable lesson (one of :data:`REASONS`), or None when it passes.
+    """The reason ``lesson``, taken whole, is not a reusable lesson (one of :data:`REASONS`), or None.
 
-    Without ``trace`` only the rules that need no run are applied (``records_the_run``,
+    Without ``trace`` only the rules that need no run are applied (``records_the_run``, ``about_the_playbook``,
     ``contradicts_itself``)."""
     if any(r.search(lesson) for r in _RECORD_RES):
         return "records_the_run"
@@ -149,26 +167,65 @@ def screen_lesson(lesson: str, trace: Trace | None = None) -> str | None:
 
 
 @dataclass(frozen=True)
+class Trimmed:
+    """What the screen keeps of a lesson (None: nothing) and why each sentence it took out went, in order."""
+
+    kept: str | None
+    dropped: tuple[str, ...] = ()
+
+    @property
+    def refused(self) -> str | None:
+        """The reason the whole lesson goes (the first sentence's), or None when something is kept."""
+        return self.dropped[0] if self.kept is None and self.dropped else None
+
+
+def trim_lesson(lesson: str, trace: Trace | None = None) -> Trimmed:
+    """``lesson`` without its sentences that :func:`screen_lesson` refuses (a self-contradiction is judged on
+    the whole lesson). Nothing left, or less than a short sentence, refuses the lesson."""
+    if _contradicts_itself(lesson):
+        return Trimmed(None, ("contradicts_itself",))
+    sentences = [part.strip() for part in _SENTENCE_RE.split(lesson.strip()) if part.strip()]
+    kept: list[str] = []
+    dropped: list[str] = []
+    for sentence in sentences:
+        reason = screen_lesson(sentence, trace)
+        if reason is None:
+            kept.append(sentence)
+        else:
+            dropped.append(reason)
+    text = " ".join(kept)
+    if not dropped:
+        return Trimmed(lesson)
+    if len(text) < _MIN_KEPT_CHARS:
+        return Trimmed(None, tuple(dropped))
+    return Trimmed(text, tuple(dropped))
+
+
+@dataclass(frozen=True)
 class Screened:
-    """A reflection with its refused insights taken out, and why each was refused (in insight order)."""
+    """A reflection with its insights screened: refused ones taken out, trimmed ones shortened; why each
+    refused insight went, and the reasons of the sentences trimmed from the ones kept."""
 
     reflection: Reflection
     refused: tuple[tuple[Insight, str], ...] = ()
+    trimmed: tuple[str, ...] = ()
 
 
 def screen_reflection(reflection: Reflection, trace: Trace | None) -> Screened:
-    """``reflection`` keeping only the insights :func:`screen_lesson` passes (tags and diagnosis untouched)."""
+    """``reflection`` with each insight passed through :func:`trim_lesson` (tags and diagnosis untouched)."""
     kept: list[Insight] = []
     refused: list[tuple[Insight, str]] = []
+    trimmed: list[str] = []
     for insight in reflection.insights:
-        reason = screen_lesson(insight.content, trace)
-        if reason is None:
-            kept.append(insight)
-        else:
-            refused.append((insight, reason))
-    if not refused:
+        t = trim_lesson(insight.content, trace)
+        if t.kept is None:
+            refused.append((insight, t.refused or "records_the_run"))
+            continue
+        trimmed.extend(t.dropped)
+        kept.append(insight if t.kept == insight.content else insight.model_copy(update={"content": t.kept}))
+    if not refused and not trimmed:
         return Screened(reflection)
-    return Screened(reflection.model_copy(update={"insights": tuple(kept)}), tuple(refused))
+    return Screened(reflection.model_copy(update={"insights": tuple(kept)}), tuple(refused), tuple(trimmed))
 
 
 def count_reasons(screened: Iterable[Screened]) -> dict[str, int]:
@@ -180,15 +237,23 @@ def count_reasons(screened: Iterable[Screened]) -> dict[str, int]:
     return counts
 
 
-def screen_ops(ops: Iterable[DeltaOp]) -> tuple[tuple[DeltaOp, ...], tuple[tuple[DeltaOp, str], ...]]:
-    """A window's operations with every ADD or UPDATE whose text :func:`screen_lesson` refuses (the rules that
-    need no run: a curator or merger may write a record of a run too) taken out; and what was refused, why."""
+def screen_ops(
+    ops: Iterable[DeltaOp],
+) -> tuple[tuple[DeltaOp, ...], tuple[tuple[DeltaOp, str], ...], tuple[str, ...]]:
+    """A window's operations with every ADD or UPDATE text trimmed by the rules that need no run (a curator or
+    merger may write a record of a run too), and those with nothing left taken out. Returns the operations,
+    the refused ones with their reason, and the reasons of the sentences trimmed from the kept ones."""
     kept: list[DeltaOp] = []
     refused: list[tuple[DeltaOp, str]] = []
+    trimmed: list[str] = []
     for op in ops:
-        reason = screen_lesson(op.content) if isinstance(op, AddOp | UpdateOp) else None
-        if reason is None:
+        if not isinstance(op, AddOp | UpdateOp):
             kept.append(op)
-        else:
-            refused.append((op, reason))
-    return tuple(kept), tuple(refused)
+            continue
+        t = trim_lesson(op.content)
+        if t.kept is None:
+            refused.append((op, t.refused or "records_the_run"))
+            continue
+        trimmed.extend(t.dropped)
+        kept.append(op if t.kept == op.content else op.model_copy(update={"content": t.kept}))
+    return tuple(kept), tuple(refused), tuple(trimmed)

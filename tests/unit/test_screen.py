@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from combee.models import AddOp, Feedback, Insight, Reflection, RemoveOp, Trace, UpdateOp
-from combee.screen import count_reasons, run_numbers, screen_lesson, screen_ops, screen_reflection
+from combee.screen import count_reasons, run_numbers, screen_lesson, screen_ops, screen_reflection, trim_lesson
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real_model"
 
@@ -23,15 +23,26 @@ def _trace(task: str, output: str = "", truth: str | None = None) -> Trace:
                  feedback=Feedback(success=False, ground_truth=truth))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["reflector_empty_playbook", "reflector_empty_playbook_2"])
-def test_the_local_models_records_of_a_run_are_refused(name: str) -> None:
-    lessons = _insights(name)
-    assert lessons and all(screen_lesson(text) == "records_the_run" for text in lessons)
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("reflector_empty_playbook", "The formula used was NPV = ∑ (R_t / (1 + i)^t), where R_t is"),
+        ("reflector_empty_playbook_2", "The formula is r_a = r_f + β (r_m - r_f), where r_a is"),
+    ],
+)
+def test_the_local_models_record_of_a_run_goes_and_the_rule_inside_it_stays(name: str, rule: str) -> None:
+    (lesson,) = _insights(name)
+    assert screen_lesson(lesson) == "records_the_run"  # taken whole, it is a record of the run
+    trimmed = trim_lesson(lesson)
+    assert trimmed.kept is not None and trimmed.kept.startswith(rule)
+    assert "correctly" not in trimmed.kept and "10.00" not in trimmed.kept and "0.50" not in trimmed.kept
+    assert trimmed.dropped == ("records_the_run", "records_the_run") and trimmed.refused is None
 
 
-def test_every_insight_of_the_old_schema_answer_records_the_run() -> None:
+def test_every_insight_of_the_old_schema_answer_records_the_run_and_is_refused_whole() -> None:
     # "The agent correctly understood the NPV formula ...", "... correctly calculated the net cash inflows ..."
-    assert [screen_lesson(text) for text in _insights("reflector_old_schema_empty_playbook")] == ["records_the_run"] * 3
+    lessons = _insights("reflector_old_schema_empty_playbook")
+    assert [trim_lesson(text).refused for text in lessons] == ["records_the_run"] * 3
 
 
 @pytest.mark.parametrize(
@@ -85,17 +96,19 @@ def test_screening_a_reflection_keeps_the_rest_and_says_why() -> None:
     r = Reflection(trace_id="t1", base_version=0, diagnosis="d", insights=(bad, good))
     screened = screen_reflection(r, None)
     assert screened.reflection.insights == (good,)
-    assert screened.refused == ((bad, "records_the_run"),)
+    assert screened.refused == ((bad, "records_the_run"),) and screened.trimmed == ()
     assert count_reasons([screened])["records_the_run"] == 1
     assert screen_reflection(r.model_copy(update={"insights": (good,)}), None).reflection.insights == (good,)
 
 
-def test_screening_operations_refuses_records_and_leaves_removes_alone() -> None:
+def test_screening_operations_refuses_records_trims_examples_and_leaves_removes_alone() -> None:
     ops = (AddOp(section="s", content="The agent successfully computed the ratio."),
            UpdateOp(bullet_id="b00001", content="Use the quick ratio for liquidity without inventory."),
+           AddOp(section="s", content="ROI is (gain - cost) / cost. Plugging these values in gives 2.00."),
            RemoveOp(bullet_id="b00002"))  # fmt: skip
-    kept, refused = screen_ops(ops)
-    assert kept == ops[1:] and [reason for _, reason in refused] == ["records_the_run"]
+    kept, refused, trimmed = screen_ops(ops)
+    assert kept == (ops[1], AddOp(section="s", content="ROI is (gain - cost) / cost."), ops[3])
+    assert [reason for _, reason in refused] == ["records_the_run"] and trimmed == ("records_the_run",)
 
 
 def test_statements_about_the_playbook_are_not_lessons() -> None:
@@ -103,3 +116,22 @@ def test_statements_about_the_playbook_are_not_lessons() -> None:
     said = "The playbook does not contain any lessons learned from earlier runs, so no specific lessons can be applied."
     assert screen_lesson(said) == "about_the_playbook"
     assert screen_lesson("Check the playbook's answer-format bullets before answering.") is None
+
+
+def test_a_worked_example_of_the_run_is_trimmed_from_the_rule_it_follows() -> None:
+    # the local model on a Formula trace, 2026-12-02 (the prompt asking for reusable lessons)
+    trace = _trace("A startup has 500,000 shares outstanding, each priced at $12. What is its market cap?",
+                   "6,000,000", "6000000.0")  # fmt: skip
+    lesson = (
+        "The formula for market capitalization is given as Market Cap = Shares Outstanding × Share Price. "
+        "In this case, the startup has 500,000 shares outstanding and each priced at $12. Therefore, the "
+        "market capitalization can be calculated as 500,000 × $12 = $6,000,000. The answer is $6,000,000.00."
+    )
+    t = trim_lesson(lesson, trace)
+    assert t.kept == "The formula for market capitalization is given as Market Cap = Shares Outstanding × Share Price."
+    assert len(t.dropped) == 3
+
+
+def test_a_lesson_with_nothing_left_after_trimming_is_refused_with_its_first_reason() -> None:
+    t = trim_lesson("In this case the ratio is 2.00. We get 4.")
+    assert t.kept is None and t.refused == "records_the_run"
