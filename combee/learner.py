@@ -58,7 +58,6 @@ class IterationRecord:
     batch_size: int
     reflections: int
     wall_s: float
-    teaching: int
     critical_path_s: float
     llm_calls: int
     group_calls: int
@@ -68,6 +67,7 @@ class IterationRecord:
     playbook_entries: int
     trial: bool = False
     applied: ApplyStats = field(default_factory=ApplyStats)  # what applying the delta did (added, deduplicated, ...)
+    teaching: int = 0  # reflections with an insight after the screen: what the reduce planned over
 
 
 @dataclass
