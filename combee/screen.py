@@ -60,10 +60,10 @@ _RECORD_RES = tuple(
         r"\bresult(ing|ed) in (a|an|the)?\b[^.;]{0,40}\bof -?\$?\d",
         # a worked example: "Plugging these values into the formula gives ...", "Calculating this, we get ...",
         # "Therefore, the ROI on these materials is 2.00", "The agent provided the answer ..."
-        r"\b(plugging|substituting) (in )?(these|the|those) (values|numbers|figures)\b",
+        r"\b(plug\w*|substitut\w*) (in )?(these|the|those) (values|numbers|figures)\b",
         r"\bwe (get|obtain|find|arrive at)\b",
         r"\btherefore,? the\b[^.;]{0,60}\b(is|are|was|equals?) (approximately |about )?[-$≈~]?\s?\d",
-        r"\bthe (agent|model|assistant) (provided|answered|wrote|computed|calculated|interpreted|used|applied|"
+        r"\bthe (agent|model|assistant) (provided|answered|wrote|computed|calculated|interpreted|used|applied|made|"
         r"did not|didn't|failed to)\b",
     )
 )

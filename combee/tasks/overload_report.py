@@ -63,6 +63,7 @@ def document(result: OverloadResult, meta: Mapping[str, Any]) -> dict[str, Any]:
             "with_insights": sum(1 for r in parsed if r.insights),
             "insights": sum(len(r.insights) for r in parsed),
             "refused_insights": refusals(rm),
+            "trimmed_sentences": {reason: rm.trimmed.get(reason, 0) for reason in refusals(rm)},
             "parse_failures": rm.role(_reflector()).parse_failures,
             "labels_as_written": dict(labels.most_common()),
         },
@@ -80,13 +81,15 @@ def _reflector() -> Any:
 def markdown(doc: Mapping[str, Any]) -> str:
     label = "SIMULATED (Combee simulator; not a real model)" if doc["simulated"] else "real model"
     r = doc["reflections"]
-    refused = ", ".join(f"{k} {v}" for k, v in r["refused_insights"].items())
+    refused = ", ".join(f"{k} {v}" for k, v in r["refused_insights"].items() if v) or "none"
+    trimmed = ", ".join(f"{k} {v}" for k, v in r["trimmed_sentences"].items() if v) or "none"
     lines = [
         f"# {doc['task']}: context overload — {label}",
         "",
         f"Model `{doc['model']}` at `{doc['endpoint']}` ({label}). {doc['n_train']} training questions → traces "
         f"(empty playbook) → {r['parsed']} reflections ({r['unparsed']} unparsed; {r['with_insights']} with "
-        f"insights, {r['insights']} insights kept; refused by the screen: {refused}), reflected once in "
+        f"insights, {r['insights']} insights kept; lessons refused by the screen: {refused}; sentences trimmed "
+        f"from kept lessons: {trimmed}), reflected once in "
         f"{r['wall_s']:.1f} s and reduced by every variant below from the empty playbook.",
         "",
         "| variant | batch | windows | entries | distinct lessons | bullets / lesson | playbook tokens | calls "

@@ -132,6 +132,21 @@ def test_a_worked_example_of_the_run_is_trimmed_from_the_rule_it_follows() -> No
     assert len(t.dropped) == 3
 
 
+def test_the_local_models_substitution_step_and_its_account_of_the_agent_are_trimmed() -> None:
+    # the local model on Formula traces, 2026-12-02
+    beta = (
+        "The formula for beta is given as Beta = Cov(R_a, R_m) / Var(R_m). "
+        "We can substitute these values into the formula to compute the beta."
+    )
+    assert trim_lesson(beta).kept == "The formula for beta is given as Beta = Cov(R_a, R_m) / Var(R_m)."
+    mistake = ("The agent made a common mistake of interpreting the change in unemployment rate as a negative number, "
+               "which is not possible. The change in unemployment rate should be positive, as it represents a decrease "
+               "in the unemployment rate.")  # fmt: skip
+    assert trim_lesson(mistake).kept == (
+        "The change in unemployment rate should be positive, as it represents a decrease in the unemployment rate."
+    )
+
+
 def test_a_lesson_with_nothing_left_after_trimming_is_refused_with_its_first_reason() -> None:
     t = trim_lesson("In this case the ratio is 2.00. We get 4.")
     assert t.kept is None and t.refused == "records_the_run"
