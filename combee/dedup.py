@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import mul
 
-from combee.models import AddOp, Bullet, DeltaOp, RemoveOp, UpdateOp
+from combee.models import LIMITS, AddOp, Bullet, DeltaOp, RemoveOp, UpdateOp
 from combee.playbook import normalise_text
 from combee.wording import STOP_WORDS as _STOP_WORDS
 from combee.wording import more_specific, numbers_in, words_of
@@ -46,6 +46,7 @@ __all__ = [
     "Vector",
     "conflict",
     "cosine",
+    "fold_copies",
     "fold_near_duplicates",
     "more_specific",
     "unit",
@@ -450,12 +451,17 @@ def fold_near_duplicates(
             if chosen != current:
                 stats.reworded += 1
                 contents[into_bullet] = chosen
-                new = UpdateOp(bullet_id=into_bullet, content=chosen)
-                if into_bullet in updates:
-                    out[updates[into_bullet]] = new
-                else:
-                    updates[into_bullet] = len(out)
-                    out.append(new)
+            if chosen == current and not op.sources and into_bullet not in updates:
+                continue  # the same lesson, said less specifically, and no trace to credit: dropped
+            # An UPDATE with the bullet's own wording only cites: the ADD's traces taught the bullet again.
+            earlier_update = out[updates[into_bullet]] if into_bullet in updates else None
+            cited = (*(earlier_update.sources if earlier_update is not None else ()), *op.sources)
+            new = UpdateOp(bullet_id=into_bullet, content=chosen, sources=tuple(dict.fromkeys(cited)))
+            if into_bullet in updates:
+                out[updates[into_bullet]] = new
+            else:
+                updates[into_bullet] = len(out)
+                out.append(new)
             continue
         earlier = similarity.best_match(op.content, [(str(i), a.content) for i, (_, a) in enumerate(adds)])
         if earlier is not None:
@@ -465,13 +471,72 @@ def fold_near_duplicates(
             stats.pairs.append((op.content, first.content))
             if chosen != first.content:
                 stats.reworded += 1
-                folded = AddOp(section=first.section, content=chosen)
-                adds[int(earlier)] = (pos, folded)
-                out[pos] = folded
+            cited = tuple(dict.fromkeys((*first.sources, *op.sources)))[: LIMITS.sources_per_op]
+            folded = AddOp(section=first.section, content=chosen, sources=cited)
+            adds[int(earlier)] = (pos, folded)
+            out[pos] = folded
             continue
         adds.append((len(out), op))
         out.append(op)
     return tuple(op for op in out if op is not None), stats
+
+
+COPY_COSINE = 0.5
+"""Cosine at or above which two ADDs citing nested sets of traces are taken for copies of one lesson."""
+
+COPY_JACCARD = 0.3
+"""The same for word sets, where a vector is missing."""
+
+
+def _copy_score(similarity: Similarity | None, a: str, b: str) -> tuple[float, float]:
+    """(score, its threshold) for :func:`fold_copies`: cosine where both vectors exist, else word Jaccard."""
+    score = similarity.score(a, b) if similarity is not None else None
+    if score is not None:
+        return score, COPY_COSINE
+    wa, wb = set(words_of(a)), set(words_of(b))
+    union = wa | wb
+    return (len(wa & wb) / len(union) if union else 1.0), COPY_JACCARD
+
+
+def fold_copies(ops: Sequence[DeltaOp], similarity: Similarity | None = None) -> tuple[tuple[DeltaOp, ...], int]:
+    """Fold the copies that the augmented shuffle makes of one lesson when partials are united without a
+    merge call (pure, deterministic).
+
+    A reflection duplicated p times reaches p curator groups, and each may write the same lesson in its own
+    words. An ADD is taken for a copy of an earlier ADD when the traces one cites are a subset of the other's
+    (both come from the same reflections) and their wordings are alike (:data:`COPY_COSINE`, or
+    :data:`COPY_JACCARD` without vectors: far below the near-duplicate threshold, because sharing the source
+    is already most of the evidence). The earlier ADD keeps its place and section, takes the more specific
+    wording and cites both sets of traces. Returns the operations and how many were folded.
+    """
+    out: list[DeltaOp] = []
+    adds: list[int] = []  # positions in out of the ADDs kept
+    folded = 0
+    for op in ops:
+        if not isinstance(op, AddOp) or not op.sources:
+            out.append(op)
+            continue
+        mine = set(op.sources)
+        best: tuple[float, int] | None = None
+        for pos in adds:
+            kept = out[pos]
+            assert isinstance(kept, AddOp)
+            theirs = set(kept.sources)
+            if not (mine <= theirs or theirs <= mine):
+                continue
+            score, threshold = _copy_score(similarity, op.content, kept.content)
+            if score >= threshold and (best is None or score > best[0]):
+                best = (score, pos)
+        if best is None:
+            adds.append(len(out))
+            out.append(op)
+            continue
+        kept = out[best[1]]
+        assert isinstance(kept, AddOp)
+        cited = tuple(dict.fromkeys((*kept.sources, *op.sources)))[: LIMITS.sources_per_op]
+        out[best[1]] = AddOp(section=kept.section, content=more_specific(kept.content, op.content), sources=cited)
+        folded += 1
+    return tuple(out), folded
 
 
 def texts_of(ops: Iterable[DeltaOp], bullets: Iterable[Bullet] = ()) -> list[str]:

@@ -22,11 +22,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar, get_args
 
+from combee.dedup import fold_copies
 from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
 from combee.llm import LLM, ChatResponse, Role, context_tokens_of
 from combee.meter import Meter
-from combee.models import Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
+from combee.models import AddOp, Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
 from combee.plan import Forest, KeyedPlan, ReducePlan, flatten_keyed, flatten_reduce, plan_keyed, plan_reduce, window_id
 from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, unite_ops
 from combee.prompts import (
@@ -40,6 +41,8 @@ from combee.prompts import (
     reflector_ask,
     resolve_merge,
 )
+from combee.screen import screen_ops, screen_reflection
+from combee.sections import DEFAULT_SECTIONS, SECTION_THRESHOLD, canonical_sections, section_choices
 
 __all__ = [
     "DEFAULT_SHUFFLE_KEY",
@@ -50,12 +53,17 @@ __all__ = [
     "ShuffleKey",
     "Window",
     "WindowResult",
+    "canonical_reflections",
     "curate",
+    "finish_ops",
     "fold_delta_ops",
     "merge",
     "proposals_of",
+    "reduce_window",
     "reflect",
     "run_window",
+    "section_map",
+    "teaching",
 ]
 
 T = TypeVar("T")
@@ -99,6 +107,12 @@ class MethodConfig:
     # sections' deltas united; "section-union" (the default) = the same with no merge call (partials united
     # within a key too).
     shuffle_key: str = DEFAULT_SHUFFLE_KEY
+    # The sections offered to the reflector, curator and merger besides the playbook's own, and the cosine at
+    # which a new label is taken for an offered one (combee.sections).
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
+    section_threshold: float = SECTION_THRESHOLD
+    # Refuse insights and operations that record a run instead of teaching a lesson (combee.screen).
+    screen: bool = True
     parse_attempts: int = 3
     retry_temperatures: tuple[float, ...] = RETRY_TEMPERATURES
     policy: ApplyPolicy = field(default_factory=ApplyPolicy)
@@ -232,17 +246,27 @@ async def reflect(
     attempts: int = 3,
     clock: Callable[[], float] = time.monotonic,
     temperatures: Sequence[float] = RETRY_TEMPERATURES,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
+    screen: bool = True,
 ) -> CallOutcome[Reflection]:
     """Reflect on one trace against ``playbook`` (frozen). A trace whose answers never parse yields None.
+
+    With ``screen``, insights that record the run rather than teach a lesson are taken out of the reflection
+    and counted by reason in ``meter.refused`` (:func:`combee.screen.screen_reflection`).
 
     The request is sized to the LLM's context for the role when it says one (:func:`context_tokens_of`);
     raises :class:`~combee.errors.ContextTooSmall` when not even the smallest request fits.
     """
     context = await context_tokens_of(llm, Role.REFLECTOR)
-    ask = reflector_ask(trace, playbook, prompts, context_tokens=context)
+    ask = reflector_ask(trace, playbook, prompts, context_tokens=context, sections=sections)
     outcome = await _call_parsed(llm, ask, attempts, meter, clock, temperatures)
     if outcome.value is None:
         meter.skipped_traces += 1
+    elif screen:
+        screened = screen_reflection(outcome.value, trace)
+        meter.refuse(reason for _, reason in screened.refused)
+        meter.trim(screened.trimmed)
+        return CallOutcome(screened.reflection, outcome.service_s, outcome.attempts)
     return outcome
 
 
@@ -256,12 +280,13 @@ async def curate(
     attempts: int = 3,
     clock: Callable[[], float] = time.monotonic,
     temperatures: Sequence[float] = RETRY_TEMPERATURES,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> CallOutcome[tuple[DeltaOp, ...]]:
     """One curator call over a group; a group whose answers never parse is skipped (value None), counted."""
     if not reflections:
         return CallOutcome((), 0.0, 0)
     context = await context_tokens_of(llm, Role.CURATOR)
-    ask = curator_ask(reflections, playbook, prompts, context_tokens=context)
+    ask = curator_ask(reflections, playbook, prompts, context_tokens=context, sections=sections)
     outcome = await _call_parsed(llm, ask, attempts, meter, clock, temperatures)
     if outcome.value is None:
         meter.skipped_groups += 1
@@ -285,6 +310,7 @@ async def merge(
     clock: Callable[[], float] = time.monotonic,
     temperatures: Sequence[float] = RETRY_TEMPERATURES,
     dedup: NearDuplicates | None = None,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> CallOutcome[tuple[DeltaOp, ...]]:
     """One merge call selecting among the children's operations.
 
@@ -300,7 +326,7 @@ async def merge(
     if not proposals:
         return CallOutcome((), 0.0, 0)
     context = await context_tokens_of(llm, Role.MERGER)
-    ask = merger_ask(proposals, playbook, prompts, context_tokens=context)
+    ask = merger_ask(proposals, playbook, prompts, context_tokens=context, sections=sections)
     outcome = await _call_parsed(llm, ask, attempts, meter, clock, temperatures)
     if outcome.value is None:
         meter.merge_fallbacks += 1
@@ -321,6 +347,85 @@ async def _fold(
     else:
         meter.folded_ops += stats.merged
     return folded
+
+
+async def _label_scores(
+    dedup: NearDuplicates | None, labels: Sequence[str], known: Sequence[str]
+) -> Callable[[str, str], float | None]:
+    """Cosine between two section slugs' embeddings (their words, not the slug), or None without vectors."""
+    if dedup is None or not labels:
+        return lambda a, b: None
+    sim = await dedup.similarity([x.replace("_", " ") for x in (*labels, *known)])
+    return lambda a, b: sim.score(a.replace("_", " "), b.replace("_", " "))
+
+
+async def section_map(
+    labels: Sequence[str], playbook: Playbook, config: MethodConfig, dedup: NearDuplicates | None, meter: Meter
+) -> dict[str, str]:
+    """Each label's canonical section against ``playbook`` (:func:`combee.sections.canonical_sections`);
+    ``meter.sections_mapped`` counts the labels mapped onto another section."""
+    known = section_choices(config.sections, playbook.sections)
+    fresh = sorted(set(labels) - set(known))
+    scores = await _label_scores(dedup, fresh, known)
+    mapping = dict(canonical_sections(fresh, known, scores, threshold=config.section_threshold))
+    meter.sections_mapped += sum(1 for label, section in mapping.items() if label != section)
+    return mapping
+
+
+async def canonical_reflections(
+    reflections: Sequence[Reflection],
+    playbook: Playbook,
+    config: MethodConfig,
+    dedup: NearDuplicates | None,
+    meter: Meter,
+) -> list[Reflection]:
+    """``reflections`` with every insight's section canonical, before they are routed by it."""
+    mapping = await section_map([i.section for r in reflections for i in r.insights], playbook, config, dedup, meter)
+    if not mapping:
+        return list(reflections)
+    out: list[Reflection] = []
+    for r in reflections:
+        insights = tuple(i.model_copy(update={"section": mapping.get(i.section, i.section)}) for i in r.insights)
+        out.append(r if insights == r.insights else r.model_copy(update={"insights": insights}))
+    return out
+
+
+async def finish_ops(
+    ops: Sequence[DeltaOp],
+    playbook: Playbook,
+    config: MethodConfig,
+    dedup: NearDuplicates | None,
+    meter: Meter,
+) -> tuple[DeltaOp, ...]:
+    """A window's united operations made ready to apply against ``playbook``, in this order: the augmented
+    shuffle's copies of one lesson folded (:func:`combee.dedup.fold_copies`), operations that record a run
+    refused (``config.screen``), ADD sections canonical, near duplicates folded into the playbook and into
+    one another (:func:`fold_delta_ops`). Deterministic given the embedder's vectors; what it returns is what
+    gets applied and logged, so applying it again (a replay) needs no vectors."""
+    if not ops:
+        return ()
+    texts = [op.content for op in ops if isinstance(op, AddOp)]
+    similarity = await dedup.similarity(texts) if dedup is not None and texts else None
+    ops, copies = fold_copies(ops, similarity)
+    meter.folded_copies += copies
+    if config.screen:
+        ops, refused, trimmed = screen_ops(ops)
+        meter.refuse(reason for _, reason in refused)
+        meter.trim(trimmed)
+    mapping = await section_map([op.section for op in ops if isinstance(op, AddOp)], playbook, config, dedup, meter)
+    ops = tuple(
+        op.model_copy(update={"section": mapping[op.section]})
+        if isinstance(op, AddOp) and mapping.get(op.section, op.section) != op.section
+        else op
+        for op in ops
+    )
+    return await fold_delta_ops(dedup, ops, playbook, meter)
+
+
+def teaching(reflections: Sequence[Reflection]) -> list[Reflection]:
+    """The reflections with at least one insight: the ones a curator has something to fold in from (every
+    reflection's tags are counted all the same)."""
+    return [r for r in reflections if r.insights]
 
 
 async def fold_delta_ops(
@@ -373,6 +478,7 @@ class WindowResult:
     critical_path_s: float
     reflections: int
     keyed: KeyedPlan | None = None
+    teaching: int = 0  # reflections with at least one insight after the screen: what the reduce planned over
 
 
 async def _gather(aws: Sequence[Awaitable[V]]) -> list[V]:
@@ -400,19 +506,62 @@ async def run_window(
     """
     started = clock()
     meter = Meter()
-    attempts = config.parse_attempts
-    kw = {
+    kw = _call_kw(config, meter, prompts, clock)
+    reflected = await _gather(
+        [
+            reflect(t, playbook, llm, **kw, sections=config.sections, screen=config.screen)  # type: ignore[arg-type]
+            for t in window.traces
+        ]
+    )
+    map_s = max((o.service_s for o in reflected), default=0.0)
+    return await reduce_window(
+        window,
+        [o.value for o in reflected if o.value is not None],
+        playbook,
+        llm,
+        config,
+        prompts=prompts,
+        clock=clock,
+        dedup=dedup,
+        meter=meter,
+        started=started,
+        map_s=map_s,
+    )
+
+
+def _call_kw(config: MethodConfig, meter: Meter, prompts: PromptSet, clock: Callable[[], float]) -> dict[str, object]:
+    return {
         "meter": meter,
         "prompts": prompts,
-        "attempts": attempts,
+        "attempts": config.parse_attempts,
         "clock": clock,
         "temperatures": config.retry_temperatures,
     }
 
-    reflected = await _gather([reflect(t, playbook, llm, **kw) for t in window.traces])  # type: ignore[arg-type]
-    map_s = max((o.service_s for o in reflected), default=0.0)
-    reflections = [o.value for o in reflected if o.value is not None]
-    tags = count_tags(reflections)
+
+async def reduce_window(
+    window: Window,
+    reflected: Sequence[Reflection],
+    playbook: Playbook,
+    llm: LLM,
+    config: MethodConfig,
+    *,
+    prompts: PromptSet = DEFAULT_PROMPTS,
+    clock: Callable[[], float] = time.monotonic,
+    dedup: NearDuplicates | None = None,
+    meter: Meter | None = None,
+    started: float | None = None,
+    map_s: float = 0.0,
+) -> WindowResult:
+    """The rest of an iteration once the window's traces are reflected (``reflected``, in trace order): tags,
+    the reduce of ``config``, the finishing of its operations and the apply. :func:`run_window` calls it after
+    its map step; a benchmark that reduces the same recorded reflections with several methods calls it alone
+    (then ``map_s`` is 0 unless given, and wall time counts from the call)."""
+    started = clock() if started is None else started
+    meter = Meter() if meter is None else meter
+    tags = count_tags(reflected)
+    reflections = await canonical_reflections(teaching(reflected), playbook, config, dedup, meter)
+    kw = {**_call_kw(config, meter, prompts, clock), "sections": config.sections}
 
     plan: ReducePlan | None = None
     keyed: KeyedPlan | None = None
@@ -429,7 +578,7 @@ async def run_window(
         outcome = await curate(reflections, playbook, llm, **kw)  # type: ignore[arg-type]
         ops, reduce_s = outcome.value or (), outcome.service_s
 
-    ops = await fold_delta_ops(dedup, ops, playbook, meter)
+    ops = await finish_ops(ops, playbook, config, dedup, meter)
     delta = Delta(
         namespace=window.namespace,
         window_id=window.id,
@@ -448,8 +597,9 @@ async def run_window(
         plan=plan,
         wall_s=clock() - started,
         critical_path_s=map_s + reduce_s,
-        reflections=len(reflections),
+        reflections=len(reflected),
         keyed=keyed,
+        teaching=len(reflections),
     )
 
 

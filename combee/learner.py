@@ -67,6 +67,7 @@ class IterationRecord:
     playbook_entries: int
     trial: bool = False
     applied: ApplyStats = field(default_factory=ApplyStats)  # what applying the delta did (added, deduplicated, ...)
+    teaching: int = 0  # reflections with an insight after the screen: what the reduce planned over
 
 
 @dataclass
@@ -97,6 +98,7 @@ def _record(result: WindowResult, epoch: int, size: int, trial: bool) -> Iterati
         batch_size=size,
         reflections=result.reflections,
         wall_s=result.wall_s,
+        teaching=result.teaching,
         critical_path_s=result.critical_path_s,
         llm_calls=result.meter.calls,
         group_calls=roles["curator"].calls if "curator" in roles else 0,

@@ -3,6 +3,7 @@ simulated flag. Meters add up, so an iteration's meter folds into its run's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from combee.llm import ChatResponse, Role, Usage
@@ -66,7 +67,11 @@ class Meter:
     unknown_proposal_ids: int = 0
     folded_proposals: int = 0  # near-duplicate ADD proposals collapsed before merge calls
     folded_ops: int = 0  # ADDs of final deltas folded into existing bullets or into one another
+    folded_copies: int = 0  # ADDs folded as copies of one lesson made by the augmented shuffle (dedup.fold_copies)
     dedup_s: float = 0.0  # wall time spent computing vectors and folding (the cost of semantic de-duplication)
+    refused: dict[str, int] = field(default_factory=dict)  # insights and ops the lesson screen refused, by reason
+    trimmed: dict[str, int] = field(default_factory=dict)  # sentences it took out of lessons it kept, by reason
+    sections_mapped: int = 0  # section labels canonicalised onto another section (combee.sections)
     simulated: bool = False
     real: bool = False  # at least one answer came from a server that did not say it is the simulator
 
@@ -101,9 +106,25 @@ class Meter:
         self.unknown_proposal_ids += other.unknown_proposal_ids
         self.folded_proposals += other.folded_proposals
         self.folded_ops += other.folded_ops
+        self.folded_copies += other.folded_copies
         self.dedup_s += other.dedup_s
+        for reason, n in other.refused.items():
+            self.refused[reason] = self.refused.get(reason, 0) + n
+        for reason, n in other.trimmed.items():
+            self.trimmed[reason] = self.trimmed.get(reason, 0) + n
+        self.sections_mapped += other.sections_mapped
         self.simulated |= other.simulated
         self.real |= other.real
+
+    def refuse(self, reasons: Iterable[str]) -> None:
+        """Count lessons the screen refused (:mod:`combee.screen`), one reason each."""
+        for reason in reasons:
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def trim(self, reasons: Iterable[str]) -> None:
+        """Count sentences the screen took out of lessons it kept, one reason each."""
+        for reason in reasons:
+            self.trimmed[reason] = self.trimmed.get(reason, 0) + 1
 
     def dedup_counts(self) -> dict[str, int | float]:
         """What the semantic de-duplicator folded, and the wall time it took (a report's ``dedup`` entry)."""

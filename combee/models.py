@@ -73,6 +73,8 @@ class Limits:
     ops_per_llm_answer = 48  # what one curator/merge call may propose; more is rejected as malformed
     ops_per_delta = 20_000  # a merged window delta (bounded by the window size)
     sections = 24  # distinct sections a playbook may hold; more fold into "general"
+    sources_per_op = 64  # trace ids an operation cites (the reflections that taught it)
+    sources_per_bullet = 16  # trace ids a bullet keeps (the most recent; ``support`` counts them all)
 
 
 LIMITS = Limits()
@@ -134,6 +136,13 @@ BulletId = Annotated[str, StringConstraints(pattern=r"^b\d{5,9}$")]
 LessonText = Annotated[
     str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars), AfterValidator(_lesson_text)
 ]
+TraceId = Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars)]
+# The traces whose reflections taught an operation (or a bullet), in first-cited order, without repeats.
+Sources = Annotated[tuple[TraceId, ...], Field(max_length=LIMITS.sources_per_op), AfterValidator(
+    lambda v: tuple(dict.fromkeys(v))
+)]  # fmt: skip
+
+
 # A section name, normalised to a slug before its length is checked.
 Section = Annotated[
     str, BeforeValidator(_section_slug), StringConstraints(min_length=1, max_length=LIMITS.section_chars)
@@ -271,6 +280,10 @@ class Bullet(_Frozen):
     harmful: int = Field(default=0, ge=0)
     created: Provenance
     updated: Provenance
+    # The traces whose reflections taught or changed it: the most recent ``sources_per_bullet`` ids, and how
+    # many distinct traces were ever cited (ids older than the kept ones are counted, not kept).
+    sources: tuple[TraceId, ...] = Field(default=(), max_length=LIMITS.sources_per_bullet)
+    support: int = Field(default=0, ge=0)
 
     @property
     def score(self) -> int:
@@ -282,17 +295,20 @@ class AddOp(_Frozen):
     op: Literal["ADD"] = "ADD"
     section: Section
     content: LessonText
+    sources: Sources = ()
 
 
 class UpdateOp(_Frozen):
     op: Literal["UPDATE"] = "UPDATE"
     bullet_id: BulletId
     content: LessonText
+    sources: Sources = ()
 
 
 class RemoveOp(_Frozen):
     op: Literal["REMOVE"] = "REMOVE"
     bullet_id: BulletId
+    sources: Sources = ()
 
 
 DeltaOp = Annotated[AddOp | UpdateOp | RemoveOp, Field(discriminator="op")]

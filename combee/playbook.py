@@ -44,12 +44,15 @@ __all__ = [
     "TokenJaccard",
     "apply_delta",
     "apply_window",
+    "cite",
     "count_tags",
+    "fit_budget",
     "normalise_text",
     "playbook_tokens",
     "render_prompt",
     "settling_mark",
     "unite_ops",
+    "with_sources",
 ]
 
 _PUNCT_RE = re.compile(r"[^\w\s]+")
@@ -63,18 +66,37 @@ def normalise_text(text: str) -> str:
     return _SPACE_RE.sub(" ", _PUNCT_RE.sub(" ", folded)).strip()
 
 
+def with_sources(op: DeltaOp, *more: Iterable[str]) -> DeltaOp:
+    """``op`` citing also the traces of ``more`` (after its own, first-cited order, no repeats, bounded)."""
+    cited = tuple(dict.fromkeys([*op.sources, *(s for group in more for s in group)]))[: LIMITS.sources_per_op]
+    return op if cited == op.sources else op.model_copy(update={"sources": cited})
+
+
 def unite_ops(partials: Iterable[Sequence[DeltaOp]]) -> tuple[DeltaOp, ...]:
     """The partials' operations in order, each exact duplicate (same kind, bullet and normalised content) after
-    its first dropped. Associative when order is kept: uniting united parts gives the same as uniting them all."""
-    seen: set[tuple[str, str, str]] = set()
+    its first dropped, its sources added to the first's. Associative when order is kept: uniting united parts
+    gives the same as uniting them all."""
+    first: dict[tuple[str, str, str], int] = {}
     out: list[DeltaOp] = []
     for partial in partials:
         for op in partial:
             key = (op.op, getattr(op, "bullet_id", ""), normalise_text(getattr(op, "content", "")))
-            if key not in seen:
-                seen.add(key)
+            if key in first:
+                out[first[key]] = with_sources(out[first[key]], op.sources)
+            else:
+                first[key] = len(out)
                 out.append(op)
     return tuple(out)
+
+
+def cite(bullet: Bullet, sources: Iterable[str]) -> Bullet:
+    """``bullet`` taught again by ``sources``: the most recent ``sources_per_bullet`` ids kept, and ``support``
+    raised by each id not already kept (an id that has fallen out of the kept ones counts again)."""
+    fresh = [s for s in dict.fromkeys(sources) if s not in bullet.sources]
+    if not fresh:
+        return bullet
+    kept = (*bullet.sources, *fresh)[-LIMITS.sources_per_bullet :]
+    return bullet.model_copy(update={"sources": kept, "support": bullet.support + len(fresh)})
 
 
 class Deduplicator(Protocol):
@@ -153,6 +175,7 @@ class ApplyStats:
 
     added: int = 0
     updated: int = 0
+    confirmed: int = 0  # UPDATEs with the bullet's own wording: cited again, not changed
     removed: int = 0
     missing_update: int = 0
     missing_remove: int = 0
@@ -231,7 +254,9 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                     section = GENERAL_SECTION
                     stats.sections_folded += 1
                 sections.add(section)
-            bullets[bid] = Bullet(id=bid, section=section, content=op.content, created=prov, updated=prov)
+            bullets[bid] = cite(
+                Bullet(id=bid, section=section, content=op.content, created=prov, updated=prov), op.sources
+            )
             fresh.add(bid)
             stats.added += 1
         elif isinstance(op, UpdateOp):
@@ -239,7 +264,11 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
             if b is None:
                 stats.missing_update += 1
                 continue
-            bullets[op.bullet_id] = b.model_copy(update={"content": op.content, "updated": prov})
+            if op.content == b.content:  # the same wording: the op's traces taught the bullet again, no change
+                bullets[op.bullet_id] = cite(b, op.sources)
+                stats.confirmed += 1
+                continue
+            bullets[op.bullet_id] = cite(b.model_copy(update={"content": op.content, "updated": prov}), op.sources)
             fresh.add(op.bullet_id)
             stats.updated += 1
         elif isinstance(op, RemoveOp):
@@ -264,6 +293,11 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                     wording = more_specific(keep.content, dup.content)
                     if wording != keep.content:
                         update.update(content=wording, updated=prov)
+                common = len(set(keep.sources) & set(dup.sources))
+                update.update(
+                    sources=tuple(dict.fromkeys([*keep.sources, *dup.sources]))[-LIMITS.sources_per_bullet :],
+                    support=keep.support + dup.support - common,
+                )
                 merged[keep_id] = keep.model_copy(update=update)
             ordered = [merged[b.id] for b in ordered if b.id not in dropped]
             stats.deduplicated += len(dropped)
@@ -278,6 +312,13 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
 
 def _id_number(bullet_id: str) -> int:
     return int(bullet_id[1:])
+
+
+def fit_budget(playbook: Playbook, policy: ApplyPolicy) -> Playbook:
+    """``playbook`` with the bullets that ``policy``'s budget evicts taken out, exactly as :func:`apply_delta`
+    evicts them (same version; the budget is the rendering's upper-bound estimate)."""
+    kept, evicted = _within_budget(playbook.version, playbook.next_id, list(playbook.bullets), policy)
+    return playbook if not evicted else playbook.model_copy(update={"bullets": tuple(kept)})
 
 
 def _within_budget(version: int, next_id: int, bullets: list[Bullet], policy: ApplyPolicy) -> tuple[list[Bullet], int]:

@@ -16,6 +16,7 @@ from combee.controller import DEFAULT_BS, DEFAULT_BS_MAX, DEFAULT_BS_MIN, DEFAUL
 from combee.dedup import DEFAULT_THRESHOLD
 from combee.engine import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.llm import DEFAULT_REASONING_MODELS, Role
+from combee.sections import DEFAULT_SECTIONS
 
 __all__ = ["Settings"]
 
@@ -59,6 +60,9 @@ class Settings(BaseSettings):
     # The reduce's shape (docs/benchmarks.md): section-union routes reflections by section and unites the
     # sections' and groups' partial deltas with no merge call; none is the paper's (one shuffle, merge calls).
     reduce_shape: ShuffleKey = DEFAULT_SHUFFLE_KEY
+    # The sections offered to the model besides a playbook's own (combee.sections), and the lesson screen.
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
+    screen: bool = True
     parse_attempts: int = Field(default=3, ge=1)
     token_budget: int = Field(default=24_000, ge=64)
 

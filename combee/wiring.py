@@ -160,6 +160,8 @@ def method_config(settings: Settings, method: str, group_factor: float = 1.0) ->
         max_fan_in=settings.max_fan_in,
         group_factor=group_factor,
         shuffle_key=settings.reduce_shape,
+        sections=settings.sections,
+        screen=settings.screen,
         parse_attempts=settings.parse_attempts,
         policy=ApplyPolicy(token_budget=settings.token_budget),
     )

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, cast
 
-from combee.engine import fold_delta_ops, merge
+from combee.engine import finish_ops, merge
 from combee.llm import Role
 from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
@@ -117,7 +117,15 @@ async def _merge(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, node: R
     try:
         outcome = await ctx.retrying(
             f"merge {w.window_id}/{node.level}.{node.index}",
-            lambda: merge(node.inputs, base, ctx.llm, meter=meter, attempts=attempts, dedup=ctx.dedup),
+            lambda: merge(
+                node.inputs,
+                base,
+                ctx.llm,
+                meter=meter,
+                attempts=attempts,
+                dedup=ctx.dedup,
+                sections=ctx.config.method.sections,
+            ),
             Role.MERGER,
         )
         ctx.metrics.llm_usage(meter)
@@ -185,7 +193,9 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     snap = snapshot_of(rt)
     current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
     meter = Meter()
-    ops = await fold_delta_ops(ctx.dedup, ops, current, meter)  # logged folded: a replay needs no vectors
+    # logged finished (copies folded, records refused, sections canonical, near duplicates folded): a replay
+    # needs no vectors
+    ops = await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
     delta = Delta(
         namespace=rt.namespace,
         window_id=w.window_id,

@@ -39,7 +39,12 @@ async def _curate_one(ctx: StageContext, task: GroupTask) -> None:
     outcome = await ctx.retrying(
         f"curate {task.window_id}/{task.index}",
         lambda: curate(
-            task.reflections, task.playbook, ctx.llm, meter=meter, attempts=ctx.config.method.parse_attempts
+            task.reflections,
+            task.playbook,
+            ctx.llm,
+            meter=meter,
+            attempts=ctx.config.method.parse_attempts,
+            sections=ctx.config.method.sections,
         ),
         Role.CURATOR,
     )

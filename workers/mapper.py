@@ -13,6 +13,8 @@ import logging
 import time
 from typing import Any
 
+from combee.engine import canonical_reflections, teaching
+from combee.meter import Meter
 from combee.models import Playbook, Reflection
 from combee.playbook import count_tags
 from combee.scan import tree_shape
@@ -136,12 +138,15 @@ async def _map_one(
     started = time.time()
     waited = started - env.closed_at
 
-    reflections: list[Reflection] = []
+    reflected: list[Reflection] = []
     skipped, map_s = 0, 0.0
     if not give_up:
-        reflections, skipped, map_s = await reflect_window(
+        reflected, skipped, map_s = await reflect_window(
             ctx, rt.namespace, acc.window_id, acc.seq, acc.traces, playbook
         )
+    # the same steps as combee.engine.run_window: tags from every reflection, the reduce over the ones that
+    # teach, routed by their canonical sections
+    reflections = await canonical_reflections(teaching(reflected), playbook, method, ctx.dedup, Meter())
     forest = method.forest(reflections, env.seed_key)
     groups = forest.groups
     for index, members in enumerate(groups):
@@ -164,14 +169,14 @@ async def _map_one(
         offsets=acc.offsets,
         seed_key=env.seed_key,
         trace_count=len(acc.traces),
-        reflections=len(reflections),
+        reflections=len(reflected),
         base_version=playbook.version,
         groups=len(groups),
         tree=tree_shape(forest),
         shape=method.shuffle_key,
         roots=forest.roots,
         unite=forest.unite,
-        tag_counts=count_tags(reflections),
+        tag_counts=count_tags(reflected),
         closed_at=env.closed_at,
         mapped_at=time.time(),
         map_service_s=map_s,

@@ -34,13 +34,19 @@ async def handle_reflect_task(ctx: StageContext, stream: Any, event: Any, gate: 
 
 
 async def _reflect_one(ctx: StageContext, task: ReflectTask) -> None:
-    attempts = ctx.config.method.parse_attempts
+    method = ctx.config.method
 
     async def reflect_all() -> tuple[tuple[Any, ...], Meter]:
         meter = Meter()  # per try: a retried slice is not counted twice
         outcomes = await asyncio.gather(
-            *(reflect(t, task.playbook, ctx.llm, meter=meter, attempts=attempts) for t in task.traces)
-        )
+            *(
+                reflect(
+                    t, task.playbook, ctx.llm, meter=meter, attempts=method.parse_attempts,
+                    sections=method.sections, screen=method.screen,
+                )
+                for t in task.traces
+            )
+        )  # fmt: skip
         return tuple(outcomes), meter
 
     outcomes, meter = await ctx.retrying(f"reflect {task.window_id}/{task.index}", reflect_all, Role.REFLECTOR)

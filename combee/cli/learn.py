@@ -100,6 +100,7 @@ def metrics_document(result: Any, *, method: str, settings: Settings, extra: dic
                 "window_id": it.window_id,
                 "batch_size": it.batch_size,
                 "reflections": it.reflections,
+                "teaching_reflections": it.teaching,
                 "llm_calls": it.llm_calls,
                 "group_calls": it.group_calls,
                 "merge_calls": it.merge_calls,

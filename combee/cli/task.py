@@ -40,14 +40,52 @@ PARTIAL = "partial"  # in the timings journal: learning phases stopped part-way,
 TIMINGS = "timings.json"  # in --out: each phase's figures from the run in which the model (not the cache) answered it
 QUICK = (4, 5)  # 569 s measured on the local 1.5B model on 2 cores, alone (docs/benchmarks.md)
 METHODS = ("sequential", "naive", "combee")
+NO_LEARNING = "none"  # --methods none: only the empty playbook is evaluated
+
+
+def _variant(name: str) -> tuple[str, str | None, int | None]:
+    """``combee:SHAPE[:pN]`` -> ("combee", SHAPE, N); a plain method -> (method, None, None). Raises ValueError."""
+    from combee.engine import SHUFFLE_KEYS
+
+    method, *rest = name.split(":")
+    if method not in METHODS or (rest and method != "combee") or len(rest) > 2:
+        raise ValueError(name)
+    shape = rest[0] if rest else None
+    if shape is not None and shape not in SHUFFLE_KEYS:
+        raise ValueError(name)
+    p = None
+    if len(rest) == 2:
+        if not (rest[1].startswith("p") and rest[1][1:].isdigit() and int(rest[1][1:]) >= 1):
+            raise ValueError(name)
+        p = int(rest[1][1:])
+    return method, shape, p
 
 
 def _methods(text: str) -> tuple[str, ...]:
-    values = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = sorted(set(values) - set(METHODS))
-    if not values or unknown:
-        raise argparse.ArgumentTypeError(f"methods are {', '.join(METHODS)}; got {text!r}")
-    return tuple(m for m in METHODS if m in values)
+    values = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if values == (NO_LEARNING,):
+        return ()
+    try:
+        for v in values:
+            _variant(v)
+    except ValueError:
+        values = ()
+    if not values:
+        raise argparse.ArgumentTypeError(
+            f"methods are {', '.join(METHODS)}, combee:SHAPE[:pN] (SHAPE: none, section, section-union), or "
+            f"{NO_LEARNING!r} alone; got {text!r}"
+        )
+    return values
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"batch sizes are positive integers, comma-separated; got {text!r}")
+    return values
 
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -59,7 +97,26 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--n-train", type=positive_int, help=f"training questions → traces (default {FULL[0]})")
     p.add_argument("--n-test", type=positive_int, help=f"held-out test questions (default {FULL[1]})")
     p.add_argument("--batch-size", type=positive_int, help="batch of naive and Combee (default: all traces)")
-    p.add_argument("--methods", type=_methods, default=METHODS, help="subset of sequential,naive,combee")
+    p.add_argument(
+        "--methods",
+        type=_methods,
+        default=METHODS,
+        help="what learns, in order: sequential, naive, combee (the configured shape), combee:SHAPE[:pN] "
+        "(another reduce shape or duplication factor), or 'none' (evaluate only the empty playbook); "
+        "default sequential,naive,combee",
+    )
+    p.add_argument(
+        "--overload",
+        action="store_true",
+        help="the context-overload experiment instead: reflect the training traces once, reduce the same "
+        "reflections with naive batching at --naive-batches, Combee's shapes and sequential (overload.json)",
+    )
+    p.add_argument(
+        "--naive-batches",
+        type=_batches,
+        default=(8, 16, 32, 64),
+        help="with --overload: naive batch sizes (default 8,16,32,64; the number of traces is added)",
+    )
     p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")
     p.add_argument("--data-dir", type=Path, help=f"the finance data (default ${DATA_ENV} or ../shared/...)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -124,10 +181,20 @@ def _settings(args: argparse.Namespace, base_url: str | None) -> Any:
 
 
 def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[str, Any]:
+    from dataclasses import replace
+
     from combee.learner import LearnConfig
 
-    return {m: LearnConfig(method=method_config(settings, m), batch_size=1 if m == "sequential" else batch)
-            for m in methods}  # fmt: skip
+    configs = {}
+    for name in methods:
+        method, shape, p = _variant(name)
+        config = method_config(settings, method)
+        if shape is not None:
+            config = replace(config, shuffle_key=shape)
+        if p is not None:
+            config = replace(config, p=p)
+        configs[name] = LearnConfig(method=config, batch_size=1 if method == "sequential" else batch)
+    return configs
 
 
 def _timing_journal(out: Path, enabled: bool) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
@@ -216,7 +283,9 @@ def _write_outputs(out: Path, result: Any, doc: Mapping[str, Any]) -> None:
 
 async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     from combee.llm import Role
+    from combee.quality import bloat
     from combee.tasks.data import TASKS, load_questions, pick
+    from combee.tasks.overload import same_rule
     from combee.tasks.report import document
     from combee.tasks.run import HarnessConfig, run_harness
 
@@ -257,6 +326,8 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
 
         # the de-duplicator `combee learn` and the workers use (COMBEE_EMBEDDINGS), so the harness measures them
         dedup = build_near_duplicates(settings, log=None if args.quiet else lambda m: err.write(f"combee task: {m}\n"))
+        if args.overload:
+            return await _run_overload(args, spec, train, settings, cards, llm_for, dedup, err)
         config = HarnessConfig(
             task=spec.name,
             train=train,
@@ -272,6 +343,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             on_phase=on_phase, steps=steps, on_step=on_step,
         )  # fmt: skip
         load_end = os.getloadavg()
+        sizes = {name: bloat(pb, await same_rule(dedup, pb)).as_dict() for name, pb in result.playbooks.items()}
 
     answers = sum(s.calls for s in result.phases.values())
     simulated_answers = sum(s.simulated for s in result.phases.values())
@@ -302,10 +374,90 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         },
         "machine": {"cores": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": load_end},
         "options": {k: str(v) if isinstance(v, Path) else v for k, v in sorted(vars(args).items()) if k != "func"},
+        "lessons_rule": f"{dedup.embedder.name} at cosine {dedup.threshold}" if dedup else "exact normalised text",
     }
-    doc = document(result, meta, seed=args.seed)
+    doc = document(result, meta, seed=args.seed, sizes=sizes)
     _write_outputs(args.out, result, doc)
     return doc
+
+
+async def _run_overload(
+    args: argparse.Namespace,
+    spec: Any,
+    train: Sequence[Any],
+    settings: Any,
+    cards: Sequence[Mapping[str, Any]],
+    llm_for: Any,
+    dedup: Any,
+    err: TextIO,
+) -> dict[str, Any]:
+    from combee.llm import Role
+    from combee.tasks.overload import OverloadConfig, default_variants, run_overload
+    from combee.tasks.overload_report import document
+
+    base = method_config(settings, "combee")
+    config = OverloadConfig(
+        task=spec.name,
+        train=train,
+        variants=default_variants(base, len(train), args.naive_batches),
+        reflect_config=base,
+        concurrency=settings.llm_max_concurrency,
+        dedup=dedup,
+    )
+    load_start = os.getloadavg()
+    timed, _, on_phase, _ = _timing_journal(args.out, enabled=not args.no_cache)
+    result = await run_overload(
+        config, llm_for, progress=lambda label: Progress(label, err, quiet=args.quiet), timed=timed,
+        on_phase=on_phase,
+    )  # fmt: skip
+    answers = sum(s.calls for s in result.phases.values())
+    simulated_answers = sum(s.simulated for s in result.phases.values())
+    meta = {
+        "task": spec.name,
+        "simulated": _is_simulator(cards) or (answers > 0 and simulated_answers == answers),
+        "model": settings.model_for(Role.CURATOR),
+        "endpoint": display_url(settings.openai_base_url),
+        "seed": args.seed,
+        "method_config": {
+            "p": base.p,
+            "max_group_items": base.max_group_items,
+            "max_fan_in": base.max_fan_in,
+            "sections": list(base.sections),
+            "section_threshold": base.section_threshold,
+            "screen": base.screen,
+        },
+        "dedup": f"{dedup.embedder.name} at cosine {dedup.threshold}" if dedup else None,
+        "machine": {"cores": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in sorted(vars(args).items()) if k != "func"},
+    }
+    doc = document(result, meta)
+    _write_overload(args.out, result, doc)
+    return doc
+
+
+def _write_overload(out: Path, result: Any, doc: Mapping[str, Any]) -> None:
+    from combee.playbook import render_prompt
+    from combee.tasks.overload_report import markdown, write_plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overload.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "overload.md").write_text(markdown(doc))
+    with (out / "traces.jsonl").open("w") as fh:
+        for trace in result.traces:
+            fh.write(trace.model_dump_json(exclude_none=True) + "\n")
+    with (out / "reflections.jsonl").open("w") as fh:
+        for trace, reflection in zip(result.traces, result.reflections, strict=True):
+            body = reflection.model_dump(mode="json") if reflection is not None else None
+            fh.write(json.dumps({"trace_id": trace.trace_id, "reflection": body}, ensure_ascii=False) + "\n")
+    (out / "playbooks").mkdir(exist_ok=True)
+    for v in result.variants:
+        name = f"overload-{v.variant.name}"
+        (out / "playbooks" / f"{name}.json").write_text(v.playbook.model_dump_json(indent=2) + "\n")
+        (out / "playbooks" / f"{name}.md").write_text(render_prompt(v.playbook))
+    try:
+        write_plot(doc, out / "overload.png")
+    except ImportError:
+        sys.stderr.write("combee task: matplotlib is not installed (pip install -e '.[bench]'): no overload.png\n")
 
 
 def _grading(task: str) -> dict[str, str]:
@@ -327,6 +479,13 @@ def _grading(task: str) -> dict[str, str]:
 def cmd_task(args: argparse.Namespace) -> int:
     started = time.monotonic()
     doc = asyncio.run(_run(args, sys.stderr))
+    if args.overload:
+        sys.stdout.write((args.out / "overload.md").read_text())
+        sys.stdout.write(
+            f"wrote {args.out / 'overload.json'}, overload.md, overload.png, traces.jsonl, reflections.jsonl, "
+            f"playbooks/ ({time.monotonic() - started:.0f} s)" + (" — SIMULATED model\n" if doc["simulated"] else "\n")
+        )
+        return 0
     sys.stdout.write((args.out / "results.md").read_text())
     sys.stdout.write(
         f"wrote {args.out / 'results.json'}, results.md, accuracy.png, traces.jsonl, playbooks/, answers/ "

@@ -12,13 +12,14 @@ Retry timing and pacing are :mod:`combee.llm_openai.retry`; structured-output ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import random
 import sqlite3
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,7 +31,7 @@ from combee.errors import LLMError, LLMRateLimited, LLMUnavailable
 from combee.llm import ChatRequest, ChatResponse, Role, Usage
 from combee.llm_openai.cache import ResponseCache, cache_key
 from combee.llm_openai.config import EndpointConfig, LLMStats, StructuredMode, is_reasoning_model
-from combee.llm_openai.context_window import context_from_models, context_from_props, server_root
+from combee.llm_openai.context_window import context_from_models, context_from_props, server_root, slots_from_props
 from combee.llm_openai.retry import RatePacer, backoff_delay, retry_after_from_headers
 from combee.llm_openai.structured import (
     FALLBACK_ORDER,
@@ -55,6 +56,16 @@ log = logging.getLogger("combee.llm_openai")  # the name it logged under before 
 
 
 _RETRYABLE_STATUS_REASONS = {408: "request_timeout", 409: "conflict", 429: "rate_limited"}
+
+TIMEOUT_HEADROOM = 3.0
+"""An attempt may take this many times the longest recent successful attempt of its role (when that is more
+than the configured ``timeout_s``): a slow CPU server's normal answers are never cut off."""
+
+TIMEOUT_GROWTH_CAP = 16.0
+"""The time limit never grows past this many times the configured ``timeout_s``."""
+
+DURATIONS_KEPT = 32
+"""Successful attempts per role whose durations the time limit follows."""
 
 
 _SERVER_MESSAGE_LIMIT = 300
@@ -126,8 +137,9 @@ class OpenAILLM:
             api_key=config.api_key.get_secret_value(),
             base_url=config.base_url,
             max_retries=0,  # retries are ours: one policy, one set of counters, an injectable clock
-            timeout=config.timeout_s,
-            http_client=http_client(config.http_transport, config.timeout_s),
+            # per connect/read/write phase; each attempt is bounded by timeout_for (at most this cap) itself
+            timeout=config.timeout_s * TIMEOUT_GROWTH_CAP,
+            http_client=http_client(config.http_transport, config.timeout_s * TIMEOUT_GROWTH_CAP),
         )
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
         self._auto = config.structured_output == "auto"
@@ -143,6 +155,13 @@ class OpenAILLM:
         self._closed = False
         self._context: dict[str, int] = {}
         self._context_lock = asyncio.Lock()
+        # The server's own parallel slots (llama.cpp's /props), when fewer than max_concurrency: more requests
+        # in flight would only wait in the server's queue, where their time counts against the timeout.
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_probed = False
+        self._slots_lock = asyncio.Lock()
+        # How long successful attempts took, per role (the most recent ones): the timeout follows them.
+        self._durations: dict[Role, deque[float]] = {}
 
     @property
     def config(self) -> EndpointConfig:
@@ -246,6 +265,42 @@ class OpenAILLM:
         self._counters.successes += 1
         return response
 
+    def timeout_for(self, role: Role, timeouts: int = 0) -> float:
+        """The time limit of an attempt of ``role`` after ``timeouts`` earlier attempts of the same request
+        timed out: the configured ``timeout_s``, raised to :data:`TIMEOUT_HEADROOM` times the longest recent
+        successful attempt of the role (what the endpoint is measured to need), doubled per earlier timeout —
+        a retry is given the time its predecessor lacked instead of being cut at the same point — and at most
+        :data:`TIMEOUT_GROWTH_CAP` times the configured limit."""
+        base = self._config.timeout_s
+        seen = self._durations.get(role)
+        if seen:
+            base = max(base, TIMEOUT_HEADROOM * max(seen))
+        return min(base * 2**timeouts, TIMEOUT_GROWTH_CAP * self._config.timeout_s)
+
+    async def _match_server_slots(self) -> None:
+        """Once: read the server's parallel slots (llama.cpp ``/props`` ``total_slots``) and, when fewer than
+        ``max_concurrency``, hold the requests beyond them here, where waiting does not count against a timeout.
+        A server that says nothing keeps ``max_concurrency``."""
+        if self._slots_probed:
+            return
+        async with self._slots_lock:
+            if self._slots_probed:
+                return
+            slots = None
+            try:
+                async with asyncio.timeout(min(10.0, self._config.timeout_s)):
+                    raw = await self._client.get(f"{server_root(self._config.base_url)}/props", cast_to=HTTP_RESPONSE)
+                slots = slots_from_props(json.loads(raw.content))
+            except (openai.APIError, TimeoutError, ValueError) as exc:
+                log.debug("%s: no slot count from /props (%s)", self._config.display_url, type(exc).__name__)
+            self._slots_probed = True  # only now: the requests waiting on the lock must see the answer
+            if slots is not None and slots < self._config.max_concurrency:
+                self._slots = asyncio.Semaphore(slots)
+                log.info(
+                    "%s: the server serves %d requests at a time; at most %d are sent at once (max_concurrency %d)",
+                    self._config.display_url, slots, slots, self._config.max_concurrency,
+                )  # fmt: skip
+
     async def _complete(self, request: ChatRequest) -> ChatResponse:
         model = self._config.model_for(request.role)
         messages = [{"role": message.role, "content": message.content} for message in request.messages]
@@ -257,7 +312,10 @@ class OpenAILLM:
             if hit is not None:
                 return hit
 
+        if self._config.match_server_slots:
+            await self._match_server_slots()
         failed_attempts = 0
+        timeouts = 0
         while True:
             mode = self.structured_mode if schema is not None else None
             kwargs: dict[str, Any] = {"model": model, "messages": messages}
@@ -276,8 +334,9 @@ class OpenAILLM:
 
             await self._wait_for_cooldown()
             await self._pace(messages, request.max_tokens)
+            limit = self.timeout_for(request.role, timeouts)
             try:
-                response = await self._attempt(kwargs, model)
+                response = await self._attempt(kwargs, model, request.role, limit)
             except openai.APIStatusError as exc:
                 if mode is not None and self._fall_back_from(mode, exc):
                     continue  # a negotiation step, not a failure: does not count against max_attempts
@@ -286,7 +345,8 @@ class OpenAILLM:
                 if connection_refused(exc):  # the aiohttp transport reports a refused connect as a timeout
                     failure = _Failure("connection", f"connection failed ({self._redact(cause_text(exc))})")
                 else:
-                    failure = _Failure("timeout", f"timed out (no answer within {self._config.timeout_s:g}s)")
+                    timeouts += 1
+                    failure = _Failure("timeout", f"timed out (no answer within {limit:g}s)")
             except openai.APIConnectionError as exc:
                 failure = _Failure("connection", f"connection failed ({self._redact(cause_text(exc))})")
             except BadResponse as exc:
@@ -304,17 +364,19 @@ class OpenAILLM:
 
     # ------------------------------------------------------------------ one HTTP attempt
 
-    async def _attempt(self, kwargs: dict[str, Any], model: str) -> ChatResponse:
-        async with self._semaphore:
+    async def _attempt(self, kwargs: dict[str, Any], model: str, role: Role, limit: float) -> ChatResponse:
+        async with self._semaphore, self._slots or contextlib.nullcontext():
             self._counters.attempts += 1
+            started = self._clock()
             # Bounds the whole attempt; the client's own timeout is per connect/read/write phase.
-            async with asyncio.timeout(self._config.timeout_s):
+            async with asyncio.timeout(limit):
                 # The client's generic POST with a raw-response cast: the same request body, status handling
                 # and errors as ``chat.completions.create``, without its per-request walk of the parameters
                 # against the SDK's typed signature and without building a pydantic ``ChatCompletion`` —
                 # together most of the client's CPU per request (see docs/benchmarks.md). The body is our
                 # own plain JSON, so that walk had nothing to change.
                 raw = await self._client.post("/chat/completions", body=kwargs, cast_to=HTTP_RESPONSE)
+            self._durations.setdefault(role, deque(maxlen=DURATIONS_KEPT)).append(self._clock() - started)
         self._pacer.observe(raw.headers)
         response, estimated = read_response(raw.headers, raw.content, model, kwargs["messages"])
         if estimated:

@@ -81,6 +81,9 @@ class EndpointConfig(BaseModel):
     models: Mapping[Role, str] = Field(default_factory=dict)
     structured_output: StructuredOutput = "auto"
     max_concurrency: int = Field(default=64, ge=1)
+    # Send at most as many requests at once as the server has slots, when it says (llama.cpp's /props).
+    match_server_slots: bool = True
+    # The least time an attempt is given; it grows with what the endpoint is measured to need (OpenAILLM.timeout_for).
     timeout_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
     max_attempts: int = Field(default=6, ge=1)
     backoff_base_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)

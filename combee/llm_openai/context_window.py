@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["context_from_models", "context_from_props", "server_root"]
+__all__ = ["context_from_models", "context_from_props", "server_root", "slots_from_props"]
 
 
 def _positive_int(value: object) -> int | None:
@@ -19,6 +19,11 @@ def context_from_props(body: object) -> int | None:
         if isinstance(settings, Mapping):
             return _positive_int(settings.get("n_ctx"))
     return None
+
+
+def slots_from_props(body: object) -> int | None:
+    """The server's parallel slots in llama.cpp's ``/props`` answer (``total_slots``), or None."""
+    return _positive_int(body.get("total_slots")) if isinstance(body, Mapping) else None
 
 
 def context_from_models(body: object, model: str) -> int | None:

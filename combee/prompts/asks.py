@@ -48,6 +48,7 @@ from combee.prompts.render import (
 )
 from combee.prompts.schemas import curator_schema, generator_schema, merger_schema, reflector_schema
 from combee.prompts.templates import DEFAULT_PROMPTS, PromptSet
+from combee.sections import DEFAULT_SECTIONS, NEW_SECTION_PREFIX, section_choices
 from combee.sizing import CHARS_PER_TOKEN, MARGIN_TOKENS, completion_budget, prompt_tokens
 
 T = TypeVar("T")
@@ -70,6 +71,7 @@ __all__ = [
     "generator_request",
     "merger_ask",
     "merger_request",
+    "offered_sections",
     "reflector_ask",
     "reflector_request",
 ]
@@ -143,6 +145,16 @@ class Ask(Generic[T]):
         raise AssertionError("unreachable: the base request was sized when it was built")
 
 
+def offered_sections(defaults: Sequence[str], playbook: Playbook, shown: Sequence[str] = ()) -> tuple[str, ...]:
+    """The sections a request offers: ``defaults``, the playbook's own and those of the lessons it shows
+    (``shown``: already canonical, and maybe opened in this window) (:func:`section_choices`)."""
+    return section_choices(defaults, (*playbook.sections, *shown))
+
+
+def _sections_text(sections: Sequence[str]) -> str:
+    return ", ".join(sections) + f' (or "{NEW_SECTION_PREFIX} <name>" when none fits)'
+
+
 REFLECTOR_TOKENS = (1200, 512)  # (wanted, minimum) completion tokens per role
 
 
@@ -166,12 +178,15 @@ def reflector_ask(
     *,
     max_tokens: int = REFLECTOR_TOKENS[0],
     context_tokens: int | None = None,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> Ask[Reflection]:
-    """Reflect on ``trace`` against ``playbook`` (the bullets that fit ``context_tokens``, when given)."""
+    """Reflect on ``trace`` against ``playbook`` (the bullets that fit ``context_tokens``, when given),
+    offering ``sections`` and the playbook's own."""
     system = prompts.reflector_system.format(max_insights=LIMITS.insights_per_reflection)
     payload = trace_payload(trace)
     trace_json = data_json(payload)
     outcome = outcome_text(trace, prompts)
+    choices = offered_sections(sections, playbook)
 
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.reflector_reply_tags if view.shown else prompts.reflector_reply_plain
@@ -179,6 +194,7 @@ def reflector_ask(
             playbook=escape_markup(view.text(prompts)),
             trace=trace_json,
             outcome=outcome,
+            sections=_sections_text(choices),
             reply=reply.format(),
         )
         return chat_messages(system, user)
@@ -200,12 +216,12 @@ def reflector_ask(
         role=Role.REFLECTOR,
         messages=messages,
         schema_name="combee_reflection",
-        json_schema=reflector_schema(ids),
+        json_schema=reflector_schema(ids, choices),
         max_tokens=budget,
     )
     return Ask(
         request,
-        lambda text: read_reflection(text, trace.trace_id, playbook.version, bullet_ids=ids),
+        lambda text: read_reflection(text, trace.trace_id, playbook.version, bullet_ids=ids, sections=choices),
         context_tokens,
         max_tokens,
         minimum,
@@ -221,9 +237,12 @@ def reflector_request(
     attempt: int = 0,
     max_tokens: int = REFLECTOR_TOKENS[0],
     context_tokens: int | None = None,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> ChatRequest:
     """The first request of :func:`reflector_ask` (``attempt`` > 0 only changes the seed)."""
-    request = reflector_ask(trace, playbook, prompts, max_tokens=max_tokens, context_tokens=context_tokens).request
+    request = reflector_ask(
+        trace, playbook, prompts, max_tokens=max_tokens, context_tokens=context_tokens, sections=sections
+    ).request
     return request.model_copy(update={"seed": attempt or None})
 
 
@@ -258,10 +277,14 @@ def curator_ask(
     *,
     max_tokens: int = CURATOR_TOKENS[0],
     context_tokens: int | None = None,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> Ask[tuple[DeltaOp, ...]]:
-    """One curator call over ``reflections`` (listed in the given order as r1, r2, ...)."""
-    lines = "\n".join(data_json(_reflection_payload(f"r{i + 1}", r)) for i, r in enumerate(reflections))
+    """One curator call over ``reflections`` (listed in the given order as r1, r2, ...); every operation cites
+    the refs it comes from, and is parsed with the traces of those reflections as its ``sources``."""
+    refs = {f"r{i + 1}": r.trace_id for i, r in enumerate(reflections)}
+    lines = "\n".join(data_json(_reflection_payload(ref, r)) for ref, r in zip(refs, reflections, strict=True))
     system = prompts.curator_system.format(max_ops=LIMITS.ops_per_llm_answer)
+    choices = offered_sections(sections, playbook, [i.section for r in reflections for i in r.insights])
 
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.curator_reply_all_ops if view.shown else prompts.curator_reply_add_only
@@ -269,6 +292,7 @@ def curator_ask(
             playbook=escape_markup(view.text(prompts)),
             count=len(reflections),
             reflections=lines,
+            sections=_sections_text(choices),
             reply=reply.format(),
         )
         return chat_messages(system, user)
@@ -280,11 +304,16 @@ def curator_ask(
         role=Role.CURATOR,
         messages=messages,
         schema_name="combee_operations",
-        json_schema=curator_schema(ids, max_ops=curator_op_bound(reflections, ids)),
+        json_schema=curator_schema(ids, tuple(refs), choices, max_ops=curator_op_bound(reflections, ids)),
         max_tokens=budget,
     )
     return Ask(
-        request, lambda text: read_operations(text, bullet_ids=ids), context_tokens, max_tokens, minimum, prompts
+        request,
+        lambda text: read_operations(text, bullet_ids=ids, sections=choices, refs=refs),
+        context_tokens,
+        max_tokens,
+        minimum,
+        prompts,
     )
 
 
@@ -296,9 +325,12 @@ def curator_request(
     attempt: int = 0,
     max_tokens: int = CURATOR_TOKENS[0],
     context_tokens: int | None = None,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> ChatRequest:
     """The first request of :func:`curator_ask` (``attempt`` > 0 only changes the seed)."""
-    request = curator_ask(reflections, playbook, prompts, max_tokens=max_tokens, context_tokens=context_tokens).request
+    request = curator_ask(
+        reflections, playbook, prompts, max_tokens=max_tokens, context_tokens=context_tokens, sections=sections
+    ).request
     return request.model_copy(update={"seed": attempt or None})
 
 
@@ -317,9 +349,11 @@ def merger_ask(
     *,
     max_tokens: int = MERGER_TOKENS[0],
     context_tokens: int | None = None,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> Ask[MergeAnswer]:
     """One merge call selecting among ``proposals``."""
     lines = "\n".join(data_json({"id": p.id, **_op_payload(p.op)}) for p in proposals)
+    choices = offered_sections(sections, playbook, [p.op.section for p in proposals if isinstance(p.op, AddOp)])
     proposal_ids = tuple(p.id for p in proposals)
     referenced = [op.bullet_id for p in proposals if isinstance(op := p.op, UpdateOp | RemoveOp)]
 
@@ -332,6 +366,7 @@ def merger_ask(
             playbook=escape_markup(view.text(prompts)),
             count=len(proposals),
             proposals=lines,
+            sections=_sections_text(choices),
             reply=reply.format(),
         )
         return chat_messages(prompts.merger_system, user)
@@ -343,12 +378,12 @@ def merger_ask(
         role=Role.MERGER,
         messages=messages,
         schema_name="combee_merge",
-        json_schema=merger_schema(proposal_ids, bullet_ids),
+        json_schema=merger_schema(proposal_ids, bullet_ids, choices),
         max_tokens=budget,
     )
     return Ask(
         request,
-        lambda text: read_merge(text, proposal_ids=proposal_ids, bullet_ids=bullet_ids),
+        lambda text: read_merge(text, proposal_ids=proposal_ids, bullet_ids=bullet_ids, sections=choices),
         context_tokens,
         max_tokens,
         minimum,
@@ -364,9 +399,12 @@ def merger_request(
     attempt: int = 0,
     max_tokens: int = MERGER_TOKENS[0],
     context_tokens: int | None = None,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
 ) -> ChatRequest:
     """The first request of :func:`merger_ask` (``attempt`` > 0 only changes the seed)."""
-    request = merger_ask(proposals, playbook, prompts, max_tokens=max_tokens, context_tokens=context_tokens).request
+    request = merger_ask(
+        proposals, playbook, prompts, max_tokens=max_tokens, context_tokens=context_tokens, sections=sections
+    ).request
     return request.model_copy(update={"seed": attempt or None})
 
 

@@ -11,11 +11,11 @@ JSON object is found in code fences of any spelling, in prose around exactly one
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from combee.errors import LLMParseError
 from combee.models import (
@@ -28,7 +28,9 @@ from combee.models import (
     RemoveOp,
     UpdateOp,
 )
+from combee.playbook import with_sources
 from combee.prompts.extract import first_validation_error, load_object, require_keys, shown_ids
+from combee.sections import label_of
 
 __all__ = [
     "MergeAnswer",
@@ -66,15 +68,41 @@ class Proposal:
 
 
 class _RawOp(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
     op: str
     section: str | None = None
     content: str | None = None
     bullet_id: str | None = None
+    cited: Any = Field(default=None, alias="from")
 
 
-def _to_op(raw: Any, where: str, bullet_ids: Collection[str] | None) -> DeltaOp:
-    """One operation, or raise LLMParseError. With ``bullet_ids`` given, UPDATE/REMOVE must name one of them."""
+def _section(raw: Any, sections: Sequence[str] | None) -> str:
+    """A section label: an offered one as is, ``new: <name>`` as the name's slug. Lenient beyond the schema
+    (which admits only those two forms): any other text is taken as a label too, slugged, and canonicalised
+    later like any new one (:func:`combee.engine.section_map`) — a model without a grammar loses nothing."""
+    text = raw.strip() if isinstance(raw, str) else ""
+    label = label_of(text, sections) if sections is not None else None
+    return label if label is not None else (text or "general")
+
+
+def _sources(raw: Any, refs: Mapping[str, str] | None) -> tuple[str, ...]:
+    """The trace ids an operation cites through ``from`` (the refs of the reflections shown). Lenient beyond
+    the schema (which requires at least one shown ref): refs that were not shown are left out and a missing
+    ``from`` cites nothing — the operation is still a lesson, only its provenance is unknown."""
+    if refs is None or not isinstance(raw, list):
+        return ()
+    return tuple(dict.fromkeys(refs[r] for r in raw if isinstance(r, str) and r in refs))[: LIMITS.sources_per_op]
+
+
+def _to_op(
+    raw: Any,
+    where: str,
+    bullet_ids: Collection[str] | None,
+    sections: Sequence[str] | None = None,
+    refs: Mapping[str, str] | None = None,
+) -> DeltaOp:
+    """One operation, or raise LLMParseError. With ``bullet_ids`` given, UPDATE/REMOVE must name one of them;
+    ``sections`` and ``refs`` read the section and the cited reflections (:func:`_section`, :func:`_sources`)."""
     try:
         r = _RawOp.model_validate(raw)
     except ValidationError as exc:
@@ -88,12 +116,14 @@ def _to_op(raw: Any, where: str, bullet_ids: Collection[str] | None) -> DeltaOp:
             f"{where}: {kind} names bullet_id {bullet_id!r}, which is not a bullet shown {shown_ids(bullet_ids)}",
             kind="bad_shape",
         )
+    sources = _sources(r.cited, refs)
     try:
         if kind == "ADD":
-            return AddOp(section=r.section or "general", content=r.content or "")
+            section = _section(r.section, sections)
+            return AddOp(section=section, content=r.content or "", sources=sources)
         if kind == "UPDATE":
-            return UpdateOp(bullet_id=bullet_id, content=r.content or "")
-        return RemoveOp(bullet_id=bullet_id)
+            return UpdateOp(bullet_id=bullet_id, content=r.content or "", sources=sources)
+        return RemoveOp(bullet_id=bullet_id, sources=sources)
     except ValidationError as exc:
         raise LLMParseError(f"{where}: invalid {kind} ({first_validation_error(exc)})", kind="bad_shape") from None
 
@@ -104,9 +134,15 @@ def _no_valid(what: str, reasons: Sequence[str]) -> LLMParseError:
 
 
 def read_reflection(
-    text: str, trace_id: str, base_version: int, *, bullet_ids: Collection[str] | None = None
+    text: str,
+    trace_id: str,
+    base_version: int,
+    *,
+    bullet_ids: Collection[str] | None = None,
+    sections: Sequence[str] | None = None,
 ) -> Parsed[Reflection]:
-    """Parse a reflector answer. ``bullet_ids``: the ids the request showed (None: any well-formed id).
+    """Parse a reflector answer. ``bullet_ids``: the ids the request showed (None: any well-formed id);
+    ``sections``: the sections it offered (None: any label, slugged).
 
     Required: ``insights``, and ``bullet_tags`` when bullets were shown. Invalid insights and tags (an id that
     was not shown, an unknown tag) are dropped and listed in ``invalid``; an answer whose every insight is
@@ -132,6 +168,8 @@ def read_reflection(
     insights: list[Insight] = []
     for i, raw in enumerate(insights_raw):
         try:
+            if sections is not None and isinstance(raw, dict):
+                raw = {**raw, "section": _section(raw.get("section"), sections)}
             insights.append(Insight.model_validate(raw))
         except ValidationError as exc:
             invalid.append(f"insight {i + 1}: {first_validation_error(exc)}")
@@ -159,14 +197,27 @@ def read_reflection(
 
 
 def parse_reflection(
-    text: str, trace_id: str, base_version: int, *, bullet_ids: Collection[str] | None = None
+    text: str,
+    trace_id: str,
+    base_version: int,
+    *,
+    bullet_ids: Collection[str] | None = None,
+    sections: Sequence[str] | None = None,
 ) -> Reflection:
     """:func:`read_reflection`'s value (what was dropped is not reported)."""
-    return read_reflection(text, trace_id, base_version, bullet_ids=bullet_ids).value
+    return read_reflection(text, trace_id, base_version, bullet_ids=bullet_ids, sections=sections).value
 
 
-def read_operations(text: str, *, bullet_ids: Collection[str] | None = None) -> Parsed[tuple[DeltaOp, ...]]:
-    """Parse a curator answer. ``bullet_ids``: the ids UPDATE/REMOVE may name (None: any well-formed id).
+def read_operations(
+    text: str,
+    *,
+    bullet_ids: Collection[str] | None = None,
+    sections: Sequence[str] | None = None,
+    refs: Mapping[str, str] | None = None,
+) -> Parsed[tuple[DeltaOp, ...]]:
+    """Parse a curator answer. ``bullet_ids``: the ids UPDATE/REMOVE may name (None: any well-formed id);
+    ``sections``: the sections an ADD may use (None: any); ``refs``: the reflections shown (ref -> trace id),
+    which every operation must cite in ``from`` (None: no ``from``).
 
     Invalid operations are dropped and listed; an answer whose every operation is invalid, or with more than
     ``LIMITS.ops_per_llm_answer`` operations, raises.
@@ -182,7 +233,7 @@ def read_operations(text: str, *, bullet_ids: Collection[str] | None = None) -> 
     invalid: list[str] = []
     for i, raw in enumerate(ops_raw):
         try:
-            ops.append(_to_op(raw, f"operation {i + 1}", bullet_ids))
+            ops.append(_to_op(raw, f"operation {i + 1}", bullet_ids, sections, refs))
         except LLMParseError as exc:
             invalid.append(str(exc))
     if ops_raw and not ops:
@@ -190,9 +241,15 @@ def read_operations(text: str, *, bullet_ids: Collection[str] | None = None) -> 
     return Parsed(tuple(ops), tuple(invalid))
 
 
-def parse_operations(text: str, *, bullet_ids: Collection[str] | None = None) -> tuple[DeltaOp, ...]:
+def parse_operations(
+    text: str,
+    *,
+    bullet_ids: Collection[str] | None = None,
+    sections: Sequence[str] | None = None,
+    refs: Mapping[str, str] | None = None,
+) -> tuple[DeltaOp, ...]:
     """:func:`read_operations`'s value (what was dropped is not reported)."""
-    return read_operations(text, bullet_ids=bullet_ids).value
+    return read_operations(text, bullet_ids=bullet_ids, sections=sections, refs=refs).value
 
 
 @dataclass(frozen=True)
@@ -206,6 +263,7 @@ def read_merge(
     *,
     proposal_ids: Collection[str] | None = None,
     bullet_ids: Collection[str] | None = None,
+    sections: Sequence[str] | None = None,
 ) -> Parsed[MergeAnswer]:
     """Parse a merger answer (ids to keep, groups to combine).
 
@@ -247,7 +305,7 @@ def read_merge(
         if not sources:
             continue
         try:
-            groups.append((sources, _to_op(entry.get("op"), where, bullet_ids)))
+            groups.append((sources, _to_op(entry.get("op"), where, bullet_ids, sections)))
         except LLMParseError as exc:
             invalid.append(str(exc))
     if (keep_raw or combine_raw) and not keep and not groups:
@@ -260,16 +318,18 @@ def parse_merge(
     *,
     proposal_ids: Collection[str] | None = None,
     bullet_ids: Collection[str] | None = None,
+    sections: Sequence[str] | None = None,
 ) -> MergeAnswer:
     """:func:`read_merge`'s value (what was dropped is not reported)."""
-    return read_merge(text, proposal_ids=proposal_ids, bullet_ids=bullet_ids).value
+    return read_merge(text, proposal_ids=proposal_ids, bullet_ids=bullet_ids, sections=sections).value
 
 
 def resolve_merge(proposals: Sequence[Proposal], answer: MergeAnswer) -> tuple[tuple[DeltaOp, ...], int]:
     """The merged operations, in the order of each one's first proposal; and the count of unknown ids.
 
     A proposal named in a ``combine`` entry is replaced by the combined operation (even if also kept);
-    a combined operation is placed where the first of its known proposals stood.
+    a combined operation is placed where the first of its known proposals stood and cites the traces of
+    every proposal it combines.
     """
     position = {p.id: i for i, p in enumerate(proposals)}
     unknown = 0
@@ -281,7 +341,8 @@ def resolve_merge(proposals: Sequence[Proposal], answer: MergeAnswer) -> tuple[t
         if not known:
             continue
         consumed.update(s for s in sources if s in position)
-        placed.append((min(known), 1 + j, op))
+        cited = [proposals[i].op.sources for i in sorted(known)]
+        placed.append((min(known), 1 + j, with_sources(op.model_copy(update={"sources": ()}), *cited)))
     seen: set[str] = set()
     for pid in answer.keep:
         if pid not in position:

@@ -10,6 +10,7 @@ from combee.models import (
     LIMITS,
     Tag,
 )
+from combee.sections import NEW_SECTION_PATTERN
 
 __all__ = [
     "DIAGNOSIS_SCHEMA_CHARS",
@@ -53,9 +54,18 @@ def _lesson_schema() -> dict[str, Any]:
     return {"type": "string", "maxLength": LIMITS.bullet_chars, "pattern": LESSON_PATTERN}
 
 
-def _section_schema() -> dict[str, Any]:
-    # Any text is a section to the parser (it is slugged, and a blank one becomes "general"); bounded for brevity.
-    return {"type": "string", "minLength": 1, "maxLength": LIMITS.section_chars}
+def _section_schema(sections: Sequence[str]) -> dict[str, Any]:
+    # One of the offered sections, or "new: <name>" (combee.sections.label_of is the parser's side).
+    return {"anyOf": [{"type": "string", "enum": list(sections)}, {"type": "string", "pattern": NEW_SECTION_PATTERN}]}
+
+
+def _sources_schema(refs: Sequence[str]) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": min(len(refs), LIMITS.sources_per_op),
+        "items": {"type": "string", "enum": list(refs)},
+    }
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
@@ -67,21 +77,31 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _op_schema(bullet_ids: Sequence[str]) -> dict[str, Any]:
+def _op_schema(bullet_ids: Sequence[str], sections: Sequence[str], refs: Sequence[str] = ()) -> dict[str, Any]:
+    """One operation; with ``refs`` (the reflections shown), each cites the ones it comes from in ``from``."""
+    cite = {"from": _sources_schema(refs)} if refs else {}
     add = _object(
-        {"op": {"type": "string", "enum": ["ADD"]}, "section": _section_schema(), "content": _lesson_schema()}
+        {
+            "op": {"type": "string", "enum": ["ADD"]},
+            "section": _section_schema(sections),
+            "content": _lesson_schema(),
+            **cite,
+        }
     )
     if not bullet_ids:
         return add
     ids = {"type": "string", "enum": list(bullet_ids)}
-    update = _object({"op": {"type": "string", "enum": ["UPDATE"]}, "bullet_id": ids, "content": _lesson_schema()})
-    remove = _object({"op": {"type": "string", "enum": ["REMOVE"]}, "bullet_id": dict(ids)})
+    update = _object(
+        {"op": {"type": "string", "enum": ["UPDATE"]}, "bullet_id": ids, "content": _lesson_schema(), **cite}
+    )
+    remove = _object({"op": {"type": "string", "enum": ["REMOVE"]}, "bullet_id": dict(ids), **cite})
     return {"anyOf": [add, update, remove]}
 
 
-def reflector_schema(bullet_ids: Sequence[str]) -> dict[str, Any]:
-    """The reflection schema for a request that shows the bullets ``bullet_ids`` (no tags when there are none)."""
-    insight = _object({"section": _section_schema(), "content": _lesson_schema()})
+def reflector_schema(bullet_ids: Sequence[str], sections: Sequence[str]) -> dict[str, Any]:
+    """The reflection schema for a request that shows the bullets ``bullet_ids`` (no tags when there are none)
+    and offers ``sections``."""
+    insight = _object({"section": _section_schema(sections), "content": _lesson_schema()})
     properties: dict[str, Any] = {
         "diagnosis": {"type": "string", "maxLength": DIAGNOSIS_SCHEMA_CHARS},
         "insights": {"type": "array", "maxItems": LIMITS.insights_per_reflection, "items": insight},
@@ -101,23 +121,32 @@ def reflector_schema(bullet_ids: Sequence[str]) -> dict[str, Any]:
     return _object(properties)
 
 
-def curator_schema(bullet_ids: Sequence[str], max_ops: int = LIMITS.ops_per_llm_answer) -> dict[str, Any]:
-    """The operations schema: ADD always; UPDATE/REMOVE of the shown ``bullet_ids`` when there are any.
+def curator_schema(
+    bullet_ids: Sequence[str],
+    refs: Sequence[str],
+    sections: Sequence[str],
+    max_ops: int = LIMITS.ops_per_llm_answer,
+) -> dict[str, Any]:
+    """The operations schema: ADD always; UPDATE/REMOVE of the shown ``bullet_ids`` when there are any; every
+    operation cites the reflections (``refs``) it comes from.
 
     ``max_ops`` (at most the parser's limit) bounds the list, so a small model cannot ramble on to its token
     limit and cut its own answer off.
     """
     items = min(max(max_ops, 1), LIMITS.ops_per_llm_answer)
-    return _object({"operations": {"type": "array", "maxItems": items, "items": _op_schema(bullet_ids)}})
+    ops = _op_schema(bullet_ids, sections, refs)
+    return _object({"operations": {"type": "array", "maxItems": items, "items": ops}})
 
 
-def merger_schema(proposal_ids: Sequence[str], bullet_ids: Sequence[str]) -> dict[str, Any]:
+def merger_schema(proposal_ids: Sequence[str], bullet_ids: Sequence[str], sections: Sequence[str]) -> dict[str, Any]:
     """The merge schema: ``keep``/``from`` name listed proposals; combined operations target ``bullet_ids``.
 
     At most one combined operation per two proposals (a combination merges at least two).
     """
     pid = {"type": "string", "enum": list(proposal_ids)}
-    entry = _object({"from": {"type": "array", "minItems": 1, "items": dict(pid)}, "op": _op_schema(bullet_ids)})
+    entry = _object(
+        {"from": {"type": "array", "minItems": 1, "items": dict(pid)}, "op": _op_schema(bullet_ids, sections)}
+    )
     combined = min(max(len(proposal_ids) // 2, 1), LIMITS.ops_per_llm_answer)
     return _object(
         {

@@ -114,7 +114,26 @@ class Behaviour:
     # calibrated to the paper's Formula accuracies: sequential 87.0, naive batch 100 72.5 (docs/simulator.md)
     base_accuracy: float = 0.66
     informed_accuracy: float = 0.88
+    # How the reflector labels a lesson's section: "consistent" (the insight's own section, the same for every
+    # trace of it), "random:N" (one of N world sections drawn per trace), "free" (a free-text label per trace,
+    # as a model naming each lesson by its topic would). It takes an offered section when its label is one,
+    # else opens it as "new: <label>" (combee.sections).
+    labels: str = "consistent"
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        mode, _, n = self.labels.partition(":")
+        if mode not in ("consistent", "random", "free") or (mode == "random") != bool(n.isdigit() and int(n) > 0):
+            raise ValueError(f"labels must be consistent, random:N or free; got {self.labels!r}")
+
+    def label(self, key: str, trace_text: str) -> str:
+        """The section label the reflector gives ``key``'s insight in a trace (a slug; see ``labels``)."""
+        mode, _, n = self.labels.partition(":")
+        if mode == "consistent":
+            return insight_section(key)
+        if mode == "random":
+            return seeded_pick(_SECTIONS[: int(n)], self.seed, "label", trace_text)
+        return f"topic {_h(self.seed, 'free-label', trace_text) % 10_000:04d}"
 
     def capacity(self, m: int) -> float:
         """Expected number of operations a curator writes when summarising ``m`` reflections.
@@ -354,6 +373,23 @@ _BLOCK_RES = {
 _BULLET_RE = re.compile(r"^- \[(b\d{5,9})\] (.*)$", re.MULTILINE)
 
 
+_OFFERED_RE = re.compile(r"^Sections offered[^:]*: (.*?) \(or ", re.MULTILINE)
+
+
+def _offered_sections(text: str) -> tuple[str, ...] | None:
+    """The sections a prompt offers (None when it offers no list: any label goes)."""
+    m = _OFFERED_RE.search(text)
+    return tuple(s.strip() for s in m.group(1).split(",")) if m else None
+
+
+def _as_offered(label: str, offered: tuple[str, ...] | None) -> str:
+    """``label`` as the prompt asks for it: an offered section as is, any other as ``new: <label>``."""
+    slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
+    if offered is None or slug in offered:
+        return slug if offered is not None else label
+    return "new: " + label.replace("_", " ")
+
+
 def _block(text: str, name: str) -> str | None:
     m = _BLOCK_RES[name].search(text)
     return m.group(1) if m else None
@@ -421,6 +457,7 @@ class WorldResponder:
     # reflector: common random numbers keyed on the trace text
     def _reflect(self, user: str, trace_block: str) -> str:
         b = self.behaviour
+        offered = _offered_sections(user)
         keys = [k for k in insight_keys_in(trace_block) if k[:2] in _WORLD_BY_PREFIX]
         insights: list[dict[str, str]] = []
         diagnosis = "The run gives no specific lesson."
@@ -428,13 +465,14 @@ class WorldResponder:
             key = keys[0]
             if _u(b.seed, "recover", trace_block) < b.recover_prob:
                 variant = _h(b.seed, "variant", trace_block) % PHRASINGS
-                insights.append({"section": insight_section(key), "content": insight_content(key, variant)})
+                section = _as_offered(b.label(key, trace_block), offered)
+                insights.append({"section": section, "content": insight_content(key, variant)})
                 diagnosis = f"The outcome hinges on rule {key}."
             else:
                 diagnosis = "The run went wrong, but the cause is unclear from the record."
         if _u(b.seed, "generic", trace_block) < b.generic_prob:
             tip = generic_tip(_h(b.seed, "tip", trace_block) % GENERIC_POOL)
-            insights.append({"section": "verification", "content": tip})
+            insights.append({"section": _as_offered("verification", offered), "content": tip})
         tags = []
         bullets = _playbook_bullets(user)
         for bullet in bullets:
@@ -452,26 +490,35 @@ class WorldResponder:
         b = self.behaviour
         reflections = _json_lines(block)
         bullets = _playbook_bullets(user)
+        offered = _offered_sections(user)
         known: dict[str, _Bullet] = {}
         for bullet in bullets:
             for k in bullet.keys:
                 known.setdefault(k, bullet)
         known_text = {bl.content.strip() for bl in bullets}
-        specific: dict[str, dict[str, Any]] = {}  # key -> {content, section, mentions}
+        specific: dict[str, dict[str, Any]] = {}  # key -> {content, section, mentions, refs}
         generic: dict[str, str] = {}
+        refs: dict[str, list[str]] = {}  # insight key or generic text -> refs of the reflections with it
         for r in reflections:
             for ins in r.get("insights") or []:
                 if not isinstance(ins, dict):
                     continue
                 content = str(ins.get("content", ""))
+                section = _as_offered(str(ins.get("section") or "verification"), offered)
                 keys = insight_keys_in(content)
                 if keys:
-                    entry = specific.setdefault(
-                        keys[0], {"content": content, "section": ins.get("section"), "mentions": 0}
-                    )
+                    entry = specific.setdefault(keys[0], {"content": content, "section": section, "mentions": 0})
                     entry["mentions"] += 1
+                    refs.setdefault(keys[0], []).append(str(r.get("ref", "")))
                 elif content and content not in known_text:
-                    generic.setdefault(content, str(ins.get("section") or "verification"))
+                    generic.setdefault(content, section)
+                    refs.setdefault(content, []).append(str(r.get("ref", "")))
+
+        def cite(op: dict[str, Any], item: str) -> dict[str, Any]:
+            # The reflections an operation comes from, as the prompt asks (when it lists refs).
+            cited = [ref for ref in dict.fromkeys(refs.get(item, ())) if ref]
+            return {**op, "from": cited} if cited else op
+
         capacity = b.consolidation_capacity(len(reflections), 1.0, rng)
         novel = [k for k in specific if k not in known]
         rng.shuffle(novel)
@@ -482,24 +529,24 @@ class WorldResponder:
         rng.shuffle(generic_items)
         if candidates > capacity and generic_items and b.drifts_generic(len(reflections), rng.random()):
             text, section = generic_items.pop(0)  # overloaded: drifts to generic advice first
-            ops.append(_op("ADD", section, text))
+            ops.append(cite(_op("ADD", section, text), text))
         for k in novel:
             if len(ops) >= capacity:
                 break
-            ops.append(_op("ADD", specific[k]["section"], specific[k]["content"]))
+            ops.append(cite(_op("ADD", specific[k]["section"], specific[k]["content"]), k))
         for text, section in generic_items:
             if len(ops) >= capacity:
                 break
-            ops.append(_op("ADD", section, text))
+            ops.append(cite(_op("ADD", section, text), text))
         for k in sorted(specific):
             if len(ops) >= capacity:
                 break
             if k in known:
                 draw = rng.random()
                 if draw < b.near_dup_prob:
-                    ops.append(_op("ADD", specific[k]["section"], specific[k]["content"]))
+                    ops.append(cite(_op("ADD", specific[k]["section"], specific[k]["content"]), k))
                 elif draw < b.near_dup_prob + b.update_prob:
-                    ops.append(_op("UPDATE", content=specific[k]["content"], bullet_id=known[k].id))
+                    ops.append(cite(_op("UPDATE", content=specific[k]["content"], bullet_id=known[k].id), k))
         return json.dumps({"operations": ops})
 
     def _merge(self, user: str, block: str, rng: random.Random) -> str:

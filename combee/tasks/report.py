@@ -53,8 +53,23 @@ def _found_by(attempts: Sequence[Any]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int = 2000, seed: int = 0) -> dict:
-    """The ``results.json`` document: ``meta`` (endpoint, model, simulated, data, options) plus every figure."""
+def _paired(a: Sequence[float], b: Sequence[float], draws: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Mean of ``a − b`` per question and its paired bootstrap interval (the same resamples for both)."""
+    deltas = [x - y for x, y in zip(a, b, strict=True)]
+    return {"delta": _r(_mean(deltas)), "ci95": [_r(x) for x in interval(deltas, draws)]}
+
+
+def document(
+    result: HarnessResult,
+    meta: Mapping[str, Any],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    sizes: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict:
+    """The ``results.json`` document: ``meta`` (endpoint, model, simulated, data, options) plus every figure.
+    ``sizes`` gives each playbook's size figures (:class:`combee.quality.Bloat`; distinct lessons need the
+    embedder, which the caller has)."""
     draws = bootstrap_indices(len(result.config.test), resamples, seed)
     base_scores = [a.grade.score for a in result.evals[BASELINE]]
     methods: list[dict[str, Any]] = []
@@ -75,6 +90,7 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
             "answers_found_by": _found_by(attempts),
             "playbook_entries": len(playbook.bullets),
             "playbook_tokens": playbook_tokens(playbook),
+            **({"size": dict(sizes[name])} if sizes and name in sizes else {}),
             "eval": result.phases[f"eval-{name}"].as_dict(),
             "learn": None,
         }
@@ -96,6 +112,12 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
         methods.append(row)
     for name, why in result.failed.items():
         methods.append({"method": name, "error": why, "learn": {**result.phases[f"learn-{name}"].as_dict()}})
+    scores_of = {name: [a.grade.score for a in attempts] for name, attempts in result.evals.items()}
+    pairs = [
+        {"a": a, "b": b, **_paired(scores_of[a], scores_of[b], draws)}
+        for i, a in enumerate(scores_of)
+        for b in list(scores_of)[i + 1 :]
+    ]
     learn_wall = {m["method"]: m["learn"]["wall_s"] for m in methods if m["learn"] and "error" not in m}
     ratio: dict[str, Any] = {}
     if learn_wall.get("sequential") and "combee" in learn_wall:
@@ -120,6 +142,7 @@ def document(result: HarnessResult, meta: Mapping[str, Any], *, resamples: int =
             "answers_found_by": _found_by(train),
         },
         "methods": methods,
+        "pairs": pairs,
         "combee_vs_sequential_learning": ratio,
         "bootstrap": {"resamples": resamples, "seed": seed, "level": LEVEL, "unit": "test question"},
         "served_models": sorted({m for s in result.phases.values() for m in s.models}),
@@ -173,14 +196,15 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"(empty playbook), {doc['n_test']} test questions, seed {doc['seed']}; batch size "
         f"{doc['batch_size']} for naive and Combee; {doc['mode']}.",
         "",
-        f"| playbook | entries | {headline} % | 95 % CI | {upstream} % | Δ vs none (95 % CI) | no answer "
-        "| learn wall s | learn calls | learn tokens | eval wall s | eval calls | eval tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| playbook | entries | distinct lessons | playbook tokens | {headline} % | 95 % CI | {upstream} % "
+        "| Δ vs none (95 % CI) | no answer | learn wall s | learn calls | learn tokens | eval wall s | eval calls "
+        "| eval tokens | eval tokens / question |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in doc["methods"]:
         learn = m["learn"]
         if "error" in m:
-            lines.append(f"| {m['method']} | failed: {m['error']} |" + " |" * 11)
+            lines.append(f"| {m['method']} | failed: {m['error']} |" + " |" * 14)
             continue
         second = m["upstream_accuracy"] if doc["task"] == "formula" else m["all_correct"]
         delta = m.get("delta_vs_none")
@@ -191,11 +215,20 @@ def markdown(doc: Mapping[str, Any]) -> str:
             else [f"{learn['wall_s']:.1f}", str(learn["calls"]), _tokens(learn["tokens"])]
         )
         ev = m["eval"]
+        distinct = m.get("size", {}).get("distinct_lessons", "–")
+        per_question = f"{ev['tokens'] / ev['calls']:.0f}" if ev["calls"] else "–"
         lines.append(
-            f"| {m['method']} | {m['playbook_entries']} | {_pct(m['accuracy'])} | {_ci(m['ci95'])} | {_pct(second)} "
-            f"| {delta_text} | {m['no_answer']} | {' | '.join(learn_cols)} | {ev['wall_s']:.1f} | {ev['calls']} "
-            f"| {_tokens(ev['tokens'])} |"
+            f"| {m['method']} | {m['playbook_entries']} | {distinct} | {m['playbook_tokens']} | {_pct(m['accuracy'])} "
+            f"| {_ci(m['ci95'])} | {_pct(second)} | {delta_text} | {m['no_answer']} | {' | '.join(learn_cols)} "
+            f"| {ev['wall_s']:.1f} | {ev['calls']} | {_tokens(ev['tokens'])} | {per_question} |"
         )
+    if doc.get("pairs"):
+        lines += ["", "Paired differences in accuracy (points; A − B, 95 % paired bootstrap interval):", ""]
+        lines += ["| A | B | Δ | 95 % CI |", "|---|---|---|---|"]
+        for pair in doc["pairs"]:
+            delta = pair["delta"]
+            text = "–" if delta is None else f"{100 * delta:+.1f}"
+            lines.append(f"| {pair['a']} | {pair['b']} | {text} | {_ci(pair['ci95'])} |")
     tr = doc["traces"]
     lines += [
         "",

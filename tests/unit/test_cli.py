@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -52,10 +53,16 @@ def test_learn_writes_outputs_and_call_counts_match_the_plan(sim: SimThread, tra
         assert key in m
     assert m["simulated"] is True and m["batch_sizes"] == [20, 20, 20] and m["iterations"] == 3
     assert m["method_config"]["reduce_shape"] == "none"
-    # per iteration (the paper's reduce): n reflector calls, floor(sqrt(n)) = 4 group calls, one merge
-    assert [(p["reflections"], p["group_calls"], p["merge_calls"]) for p in m["per_iteration"]] == [(20, 4, 1)] * 3
-    assert m["roles"]["reflector"]["calls"] == 60 and m["roles"]["curator"]["calls"] == 12
-    assert m["llm_calls"] == 60 + 12 + 3
+    # per iteration (the paper's reduce): n reflector calls; floor(sqrt(t)) group calls over the t reflections that
+    # teach something (the others hold no insight for a curator), one merge
+    per = m["per_iteration"]
+    assert [p["reflections"] for p in per] == [20] * 3 and all(10 <= p["teaching_reflections"] <= 20 for p in per)
+    assert [(p["group_calls"], p["merge_calls"]) for p in per] == [
+        (math.isqrt(p["teaching_reflections"]), 1) for p in per
+    ]
+    groups = sum(p["group_calls"] for p in per)
+    assert m["roles"]["reflector"]["calls"] == 60 and m["roles"]["curator"]["calls"] == groups
+    assert m["llm_calls"] == 60 + groups + 3
     # what applying each delta did is reported: a bullet added and then deduplicated or evicted shows up there
     applied = m["applied"]
     assert applied["added"] == sum(p["applied"].get("added", 0) for p in m["per_iteration"]) > 0

@@ -71,6 +71,7 @@ class ScriptedServer:
         self.release = asyncio.Event()  # set at teardown so delayed handlers finish at once
         self.arrived = asyncio.Event()  # set whenever a request is being handled
         self.base_url = ""
+        self.props: dict[str, Any] | None = None  # llama.cpp's GET /props answer, when set
         self._runner: web.AppRunner | None = None
 
     def then(self, *replies: Script) -> ScriptedServer:
@@ -80,6 +81,7 @@ class ScriptedServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/props", self._props)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -91,6 +93,11 @@ class ScriptedServer:
         self.release.set()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _props(self, request: web.Request) -> web.StreamResponse:
+        if self.props is None:
+            return web.json_response({"error": {"message": "not found"}}, status=404)
+        return web.json_response(self.props)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -374,6 +381,50 @@ async def test_timeout_then_success(server: ScriptedServer, fake_time: FakeTime)
     assert response.text == "hello"
     assert stats.retries == {"timeout": 1}
     assert len(server.requests) == 2
+
+
+async def test_a_retry_after_a_timeout_gets_twice_the_time_instead_of_being_cut_at_the_same_point(
+    server: ScriptedServer, fake_time: FakeTime
+) -> None:
+    # a slow server (a CPU model under load): 0.3 s per answer against a 0.2 s limit. With the same limit on
+    # every attempt, every attempt would be cut off and the work thrown away; the second gets 0.4 s.
+    server.default = Reply(delay_s=0.3)
+    async with make_llm(server, fake_time, timeout_s=0.2) as llm:
+        response = await llm.complete(chat())
+        assert llm.stats.retries == {"timeout": 1}
+        assert llm.timeout_for(Role.REFLECTOR, 0) == 0.2 and llm.timeout_for(Role.REFLECTOR, 3) == 1.6
+    assert response.text == "hello" and len(server.requests) == 2
+
+
+async def test_the_time_limit_follows_what_the_endpoint_is_measured_to_need(server: ScriptedServer) -> None:
+    server.default = Reply(delay_s=0.25)
+    config = make_config(server, timeout_s=0.5)
+    async with OpenAILLM(config, sleep=asyncio.sleep, rng=random.Random(1)) as llm:  # the real clock
+        assert llm.timeout_for(Role.REFLECTOR) == 0.5
+        await llm.complete(chat())
+        measured = llm.timeout_for(Role.REFLECTOR)
+        assert 0.75 <= measured < 1.5  # three times the 0.25 s the answer took
+        assert llm.timeout_for(Role.CURATOR) == 0.5  # per role
+        assert llm.timeout_for(Role.REFLECTOR, 10) == 8.0  # never past 16 x the configured limit
+
+
+async def test_no_more_requests_are_sent_at_once_than_the_server_has_slots(
+    server: ScriptedServer, fake_time: FakeTime
+) -> None:
+    server.props = {"total_slots": 2, "default_generation_settings": {"n_ctx": 4096}}
+    server.default = Reply(delay_s=0.1)
+    async with make_llm(server, fake_time, max_concurrency=8) as llm:
+        await asyncio.gather(*(llm.complete(chat(f"q{i}")) for i in range(6)))
+    assert server.max_in_flight == 2 and len(server.requests) == 6
+
+
+async def test_a_server_that_does_not_say_its_slots_gets_max_concurrency(
+    server: ScriptedServer, fake_time: FakeTime
+) -> None:
+    server.default = Reply(delay_s=0.1)
+    async with make_llm(server, fake_time, max_concurrency=4) as llm:
+        await asyncio.gather(*(llm.complete(chat(f"q{i}")) for i in range(6)))
+    assert server.max_in_flight == 4
 
 
 async def test_malformed_2xx_body_is_retried(server: ScriptedServer, fake_time: FakeTime) -> None:

@@ -1,0 +1,259 @@
+"""Is a proposed lesson a lesson? The screen between a reflector's answer and the reduce. Pure.
+
+A small real model, asked what a run teaches, often answers with a record of the run instead: "The agent
+correctly applied the formula Current Ratio ... resulting in a current ratio of 2.00", the run's own numbers
+("the discount rate should be 8% + 6% = 14%"), or a rule called wrong and then given unchanged as the fix.
+None of these helps on the next task, and each costs every later prompt its length. The prompts ask for
+reusable lessons (combee/prompts/templates.py); this screen takes out, with a counted reason, what still is not.
+It works sentence by sentence, because the local model usually writes the rule and then a worked example of
+this run in one lesson ("The formula for ROI is (Gain − Cost) / Cost. In this case, ... = 2.00."): the example's
+sentences go, the rule stays. A lesson with nothing left, or one that contradicts itself, is refused whole.
+The reasons:
+
+* ``records_the_run`` — it describes what the agent did or got in this run, not what to do;
+* ``copies_the_answer`` — it states the run's numeric answer or ground truth;
+* ``copies_run_numbers`` — it repeats several of the run's particular numbers (one number may name an example);
+* ``contradicts_itself`` — it calls a rule wrong and gives the same rule as the correct one;
+* ``about_the_playbook`` — it talks about the playbook or the learning ("the playbook does not contain any
+  lessons ..."), not about the task.
+
+A refused insight is dropped from its reflection before any curator sees it (the rest of the reflection
+stays); :func:`screen_reflection` says why, for the meter. The rules are deliberately narrow: a lesson lost
+to a false refusal is a lesson lost, so each rule is measured on recorded answers of the local model
+(tests/unit/test_screen.py, tests/unit/fixtures/real_model/).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from combee.models import AddOp, DeltaOp, Insight, Reflection, Trace, UpdateOp
+
+__all__ = [
+    "REASONS",
+    "Screened",
+    "Trimmed",
+    "count_reasons",
+    "run_numbers",
+    "screen_lesson",
+    "screen_ops",
+    "screen_reflection",
+    "trim_lesson",
+]
+
+
+REASONS = ("records_the_run", "copies_the_answer", "copies_run_numbers", "contradicts_itself", "about_the_playbook")
+
+
+_RECORD_RES = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        # "The agent correctly applied ...", "the agent successfully calculated ...", "the model arrived at ..."
+        r"\bthe (agent|model|assistant)\b[^.;:]{0,40}?\b(correctly|successfully|accurately|properly|rightly)\b",
+        r"\bthe (agent|model|assistant) (arrived at|got|obtained|answered|returned|responded|produced|gave)\b",
+        # "in this run", "for this question", "in this case"
+        r"\b(in|for|on) this (run|task|question|case|example|trace|problem)\b",
+        # "the answer was 10.00", "resulting in a current ratio of 2.00"
+        r"\b(answer|result) (was|is|of) -?\$?\d",
+        r"\bresult(ing|ed) in (a|an|the)?\b[^.;]{0,40}\bof -?\$?\d",
+        # a worked example: "Plugging these values into the formula gives ...", "Calculating this, we get ...",
+        # "Therefore, the ROI on these materials is 2.00", "The agent provided the answer ..."
+        r"\b(plug\w*|substitut\w*) (in )?(these|the|those) (values|numbers|figures)\b",
+        r"\bwe (get|obtain|find|arrive at)\b",
+        r"\btherefore,? the\b[^.;]{0,60}\b(is|are|was|equals?) (approximately |about )?[-$≈~]?\s?\d",
+        r"\bthe (agent|model|assistant) (provided|answered|wrote|computed|calculated|interpreted|used|applied|made|"
+        r"did not|didn't|failed to)\b",
+    )
+)
+
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+
+_MIN_KEPT_CHARS = 24
+"""A lesson trimmed to less than this is refused: what is left of it is no lesson."""
+
+_ABOUT_PLAYBOOK_RE = re.compile(
+    r"\b(the|this) playbook (does not|doesn't|did not|has no|had no|is empty|contains no|lacks|should (have )?"
+    r"(include|contain|add))\b|\blessons learned from (earlier|previous|past) runs\b",
+    re.IGNORECASE,
+)
+
+_NEGATIVE_RE = re.compile(r"\b(incorrect(ly)?|wrong(ly)?|mistaken(ly)?|instead of|erroneous(ly)?|not correct)\b", re.I)
+
+# "FV = PV × (1 + r)^n": the name before "=" and the right-hand side up to the end of its clause
+_EXPRESSION_RE = re.compile(r"([A-Za-z_][\w]*)\s*=\s*((?:[^,;.]|\.\d){1,80})")
+
+_NUMBER_RE = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+
+_TRIVIAL = frozenset({"0", "1", "2", "3", "4", "5", "10", "12", "100", "365", "360"})
+"""Numbers too common in rules to say anything about one run (periods, percent, counts)."""
+
+_RUN_NUMBERS_REFUSED = 2
+
+
+def _canonical_number(raw: str) -> str | None:
+    text = raw.replace(",", "")
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return f"{value:.6g}"
+
+
+def _numbers(text: str) -> set[str]:
+    found = (_canonical_number(m.group(0)) for m in _NUMBER_RE.finditer(text))
+    return {n for n in found if n is not None}
+
+
+def run_numbers(trace: Trace) -> set[str]:
+    """The particular numbers of a run (its task, steps, output and feedback), canonical, trivial ones aside."""
+    texts = [trace.task, trace.output, *(s.content for s in trace.steps)]
+    fb = trace.feedback
+    texts += [t for t in (fb.ground_truth, fb.message) if t]
+    found: set[str] = set()
+    for t in texts:
+        found |= _numbers(t)
+    return {n for n in found if n.lstrip("-") not in _TRIVIAL}
+
+
+def _answers(trace: Trace) -> set[str]:
+    """The run's numeric answer and ground truth (when they are numbers), canonical."""
+    out: set[str] = set()
+    for text in (trace.feedback.ground_truth or "",):
+        number = _canonical_number(text.strip().replace("$", "").replace("%", ""))
+        if number is not None:
+            out.add(number)
+    return {n for n in out if n.lstrip("-") not in _TRIVIAL}
+
+
+def _normalised_expression(text: str) -> str:
+    return re.sub(r"[\s*×·]", "", text).casefold()
+
+
+def _contradicts_itself(lesson: str) -> bool:
+    if not _NEGATIVE_RE.search(lesson):
+        return False
+    seen: set[str] = set()
+    for m in _EXPRESSION_RE.finditer(lesson):
+        rhs = _normalised_expression(m.group(2))
+        if len(rhs) < 3:
+            continue
+        expr = _normalised_expression(m.group(1)) + "=" + rhs
+        if expr in seen:
+            return True
+        seen.add(expr)
+    return False
+
+
+def screen_lesson(lesson: str, trace: Trace | None = None) -> str | None:
+    """The reason ``lesson``, taken whole, is not a reusable lesson (one of :data:`REASONS`), or None.
+
+    Without ``trace`` only the rules that need no run are applied (``records_the_run``, ``about_the_playbook``,
+    ``contradicts_itself``)."""
+    if any(r.search(lesson) for r in _RECORD_RES):
+        return "records_the_run"
+    if _ABOUT_PLAYBOOK_RE.search(lesson):
+        return "about_the_playbook"
+    if _contradicts_itself(lesson):
+        return "contradicts_itself"
+    if trace is not None:
+        numbers = _numbers(lesson)
+        if numbers & _answers(trace):
+            return "copies_the_answer"
+        if len(numbers & run_numbers(trace)) >= _RUN_NUMBERS_REFUSED:
+            return "copies_run_numbers"
+    return None
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    """What the screen keeps of a lesson (None: nothing) and why each sentence it took out went, in order."""
+
+    kept: str | None
+    dropped: tuple[str, ...] = ()
+
+    @property
+    def refused(self) -> str | None:
+        """The reason the whole lesson goes (the first sentence's), or None when something is kept."""
+        return self.dropped[0] if self.kept is None and self.dropped else None
+
+
+def trim_lesson(lesson: str, trace: Trace | None = None) -> Trimmed:
+    """``lesson`` without its sentences that :func:`screen_lesson` refuses (a self-contradiction is judged on
+    the whole lesson). Nothing left, or less than a short sentence, refuses the lesson."""
+    if _contradicts_itself(lesson):
+        return Trimmed(None, ("contradicts_itself",))
+    sentences = [part.strip() for part in _SENTENCE_RE.split(lesson.strip()) if part.strip()]
+    kept: list[str] = []
+    dropped: list[str] = []
+    for sentence in sentences:
+        reason = screen_lesson(sentence, trace)
+        if reason is None:
+            kept.append(sentence)
+        else:
+            dropped.append(reason)
+    text = " ".join(kept)
+    if not dropped:
+        return Trimmed(lesson)
+    if len(text) < _MIN_KEPT_CHARS:
+        return Trimmed(None, tuple(dropped))
+    return Trimmed(text, tuple(dropped))
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A reflection with its insights screened: refused ones taken out, trimmed ones shortened; why each
+    refused insight went, and the reasons of the sentences trimmed from the ones kept."""
+
+    reflection: Reflection
+    refused: tuple[tuple[Insight, str], ...] = ()
+    trimmed: tuple[str, ...] = ()
+
+
+def screen_reflection(reflection: Reflection, trace: Trace | None) -> Screened:
+    """``reflection`` with each insight passed through :func:`trim_lesson` (tags and diagnosis untouched)."""
+    kept: list[Insight] = []
+    refused: list[tuple[Insight, str]] = []
+    trimmed: list[str] = []
+    for insight in reflection.insights:
+        t = trim_lesson(insight.content, trace)
+        if t.kept is None:
+            refused.append((insight, t.refused or "records_the_run"))
+            continue
+        trimmed.extend(t.dropped)
+        kept.append(insight if t.kept == insight.content else insight.model_copy(update={"content": t.kept}))
+    if not refused and not trimmed:
+        return Screened(reflection)
+    return Screened(reflection.model_copy(update={"insights": tuple(kept)}), tuple(refused), tuple(trimmed))
+
+
+def count_reasons(screened: Iterable[Screened]) -> dict[str, int]:
+    """How many insights each reason refused, over ``screened``."""
+    counts = dict.fromkeys(REASONS, 0)
+    for s in screened:
+        for _, reason in s.refused:
+            counts[reason] += 1
+    return counts
+
+
+def screen_ops(
+    ops: Iterable[DeltaOp],
+) -> tuple[tuple[DeltaOp, ...], tuple[tuple[DeltaOp, str], ...], tuple[str, ...]]:
+    """A window's operations with every ADD or UPDATE text trimmed by the rules that need no run (a curator or
+    merger may write a record of a run too), and those with nothing left taken out. Returns the operations,
+    the refused ones with their reason, and the reasons of the sentences trimmed from the kept ones."""
+    kept: list[DeltaOp] = []
+    refused: list[tuple[DeltaOp, str]] = []
+    trimmed: list[str] = []
+    for op in ops:
+        if not isinstance(op, AddOp | UpdateOp):
+            kept.append(op)
+            continue
+        t = trim_lesson(op.content)
+        if t.kept is None:
+            refused.append((op, t.refused or "records_the_run"))
+            continue
+        trimmed.extend(t.dropped)
+        kept.append(op if t.kept == op.content else op.model_copy(update={"content": t.kept}))
+    return tuple(kept), tuple(refused), tuple(trimmed)

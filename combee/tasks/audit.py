@@ -1,0 +1,96 @@
+"""How many of a model's recorded lessons are records of a run: the screen (:mod:`combee.screen`) applied to
+every reflector answer in response caches, for a before/after comparison of prompts.
+
+    python -m combee.tasks.audit --cache OUT/cache/learn-combee [--cache ...] --traces OUT/traces.jsonl \\
+        --out audit.json
+
+A response cache keeps answers, not requests, so an answer is not tied to its trace here: the run-number rules
+compare a lesson with the numbers of every trace in ``--traces`` and count it when some trace shares enough of
+them (the rules that need no trace are exact). Both sides of a comparison are counted the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from combee.models import Trace
+from combee.screen import REASONS, run_numbers, screen_lesson
+
+__all__ = ["audit", "main"]
+
+
+def _answers(cache_dir: Path) -> list[str]:
+    path = cache_dir / "responses.sqlite3"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return [bytes(row[0]).decode("utf-8") if isinstance(row[0], bytes) else str(row[0])
+                for row in db.execute("SELECT text FROM responses")]  # fmt: skip
+
+
+def _lessons(text: str) -> list[str] | None:
+    """The insight texts of a reflector answer; None when ``text`` is not one."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("insights"), list):
+        return None
+    return [str(i.get("content", "")) for i in obj["insights"] if isinstance(i, dict) and i.get("content")]
+
+
+def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
+    """Counts over the reflector answers among ``answers``: answers, lessons, and lessons per refusal reason
+    (the first rule that refuses it, against the trace that makes the rule fire, if any)."""
+    reasons: Counter[str] = Counter()
+    lessons = reflector = 0
+    examples: dict[str, str] = {}
+    for text in answers:
+        found = _lessons(text)
+        if found is None:
+            continue
+        reflector += 1
+        for lesson in found:
+            lessons += 1
+            reason = screen_lesson(lesson)
+            for trace in traces:
+                if reason is not None:
+                    break
+                if run_numbers(trace):
+                    reason = screen_lesson(lesson, trace)
+            if reason is not None:
+                reasons[reason] += 1
+                examples.setdefault(reason, lesson[:300])
+    refused = sum(reasons.values())
+    return {
+        "reflector_answers": reflector,
+        "lessons": lessons,
+        "refused": {r: reasons.get(r, 0) for r in REASONS},
+        "refused_total": refused,
+        "refused_share": round(refused / lessons, 4) if lessons else None,
+        "examples": examples,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m combee.tasks.audit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--cache", type=Path, action="append", required=True, help="a response cache directory")
+    p.add_argument("--traces", type=Path, required=True, help="the traces the answers reflect on (JSON lines)")
+    p.add_argument("--out", type=Path, required=True, help="where to write the counts (JSON)")
+    args = p.parse_args(argv)
+    traces = [Trace.model_validate_json(line) for line in args.traces.read_text().splitlines() if line.strip()]
+    answers = [a for cache in args.cache for a in _answers(cache)]
+    doc = {"caches": [str(c) for c in args.cache], "traces": str(args.traces), **audit(answers, traces)}
+    args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.write(json.dumps({k: v for k, v in doc.items() if k != "examples"}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""The lesson screen (combee/screen.py) on answers a real model wrote, and on lessons it must let through."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from combee.models import AddOp, Feedback, Insight, Reflection, RemoveOp, Trace, UpdateOp
+from combee.screen import count_reasons, run_numbers, screen_lesson, screen_ops, screen_reflection, trim_lesson
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real_model"
+
+
+def _insights(name: str) -> list[str]:
+    answer = json.loads(json.loads((FIXTURES / f"{name}.json").read_text())["answer"])
+    return [i["content"] for i in answer["insights"]]
+
+
+def _trace(task: str, output: str = "", truth: str | None = None) -> Trace:
+    return Trace(trace_id="t1", namespace="ns", task=task, output=output,
+                 feedback=Feedback(success=False, ground_truth=truth))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("reflector_empty_playbook", "The formula used was NPV = ∑ (R_t / (1 + i)^t), where R_t is"),
+        ("reflector_empty_playbook_2", "The formula is r_a = r_f + β (r_m - r_f), where r_a is"),
+    ],
+)
+def test_the_local_models_record_of_a_run_goes_and_the_rule_inside_it_stays(name: str, rule: str) -> None:
+    (lesson,) = _insights(name)
+    assert screen_lesson(lesson) == "records_the_run"  # taken whole, it is a record of the run
+    trimmed = trim_lesson(lesson)
+    assert trimmed.kept is not None and trimmed.kept.startswith(rule)
+    assert "correctly" not in trimmed.kept and "10.00" not in trimmed.kept and "0.50" not in trimmed.kept
+    assert trimmed.dropped == ("records_the_run", "records_the_run") and trimmed.refused is None
+
+
+def test_every_insight_of_the_old_schema_answer_records_the_run_and_is_refused_whole() -> None:
+    # "The agent correctly understood the NPV formula ...", "... correctly calculated the net cash inflows ..."
+    lessons = _insights("reflector_old_schema_empty_playbook")
+    assert [trim_lesson(text).refused for text in lessons] == ["records_the_run"] * 3
+
+
+@pytest.mark.parametrize(
+    "lesson",
+    [
+        "When a question gives yearly cash flows and a discount rate, NPV is the sum of CF_t / (1 + r)^t minus "
+        "the initial outlay.",
+        "A percentage of economic interest owned in a subsidiary is tagged "
+        "MinorityInterestOwnershipPercentageByParent.",
+        "Report a percentage as a number without the % sign, rounded to 2 decimals.",
+        "For CAPM, expected return = risk-free rate + beta × (market return − risk-free rate).",
+        "Use FV = PV × (1 + r)^n for compound growth, not simple interest.",
+        "An amount drawn on a revolving line of credit (e.g. 21,000) is LineOfCredit, not the facility's maximum.",
+    ],
+)
+def test_reusable_lessons_pass(lesson: str) -> None:
+    trace = _trace("Total purchase consideration was $ 25,000 , including $ 21,000 in revolving line of credit "
+                   "proceeds; 8% and 6% rates; 34.6 % owned", truth="35835.68")  # fmt: skip
+    assert screen_lesson(lesson, trace) is None
+
+
+def test_a_lesson_that_repeats_several_of_the_runs_numbers_is_refused_one_example_number_is_not() -> None:
+    trace = _trace("The risk-free rate is 8% and the risk premium 6%. What is the discount rate?", "13%", "14.0")
+    assert screen_lesson("The discount rate should be 8% + 6% = 14%.", trace) == "copies_the_answer"
+    assert screen_lesson("The discount rate should be 8% + 6%, the sum of both rates.", trace) == "copies_run_numbers"
+    assert screen_lesson("Add the risk premium (e.g. 6%) to the risk-free rate.", trace) is None
+
+
+def test_a_lesson_that_states_the_runs_numeric_answer_is_refused() -> None:
+    trace = _trace("Compute compound interest on $25,000 at 8% for 5 years.", "35973.20", "35835.68")
+    assert screen_lesson("The compound amount here is 35,835.68.", trace) == "copies_the_answer"
+
+
+def test_a_rule_called_wrong_and_then_given_unchanged_as_the_fix_is_refused() -> None:
+    lesson = "Incorrect formula used: FV = PV × (1 + r)^n + PV; the correct formula is FV = PV × (1 + r)^n + PV."
+    assert screen_lesson(lesson) == "contradicts_itself"
+    bare = "Incorrect: FV = PV*(1+r)^n + PV. Correct: FV = PV * (1 + r)^n + PV."
+    assert screen_lesson(bare) == "contradicts_itself"
+    fixed = "Incorrect: FV = PV*(1+r)^n + PV. Correct: FV = PV * (1 + r)^n."
+    assert screen_lesson(fixed) is None
+
+
+def test_run_numbers_leave_out_the_trivial_ones() -> None:
+    trace = _trace("Over 12 months at 5% on 1,250.50 with 2 payments", truth="100")
+    assert run_numbers(trace) == {"1250.5"}
+
+
+def test_screening_a_reflection_keeps_the_rest_and_says_why() -> None:
+    good = Insight(section="formulas", content="For CAPM, expected return = rf + beta × (rm − rf).")
+    bad = Insight(section="formulas", content="The agent correctly applied the CAPM formula.")
+    r = Reflection(trace_id="t1", base_version=0, diagnosis="d", insights=(bad, good))
+    screened = screen_reflection(r, None)
+    assert screened.reflection.insights == (good,)
+    assert screened.refused == ((bad, "records_the_run"),) and screened.trimmed == ()
+    assert count_reasons([screened])["records_the_run"] == 1
+    assert screen_reflection(r.model_copy(update={"insights": (good,)}), None).reflection.insights == (good,)
+
+
+def test_screening_operations_refuses_records_trims_examples_and_leaves_removes_alone() -> None:
+    ops = (AddOp(section="s", content="The agent successfully computed the ratio."),
+           UpdateOp(bullet_id="b00001", content="Use the quick ratio for liquidity without inventory."),
+           AddOp(section="s", content="ROI is (gain - cost) / cost. Plugging these values in gives 2.00."),
+           RemoveOp(bullet_id="b00002"))  # fmt: skip
+    kept, refused, trimmed = screen_ops(ops)
+    assert kept == (ops[1], AddOp(section="s", content="ROI is (gain - cost) / cost."), ops[3])
+    assert [reason for _, reason in refused] == ["records_the_run"] and trimmed == ("records_the_run",)
+
+
+def test_statements_about_the_playbook_are_not_lessons() -> None:
+    # what the local model wrote on FiNER with the earlier prompt (an empty playbook)
+    said = "The playbook does not contain any lessons learned from earlier runs, so no specific lessons can be applied."
+    assert screen_lesson(said) == "about_the_playbook"
+    assert screen_lesson("Check the playbook's answer-format bullets before answering.") is None
+
+
+def test_a_worked_example_of_the_run_is_trimmed_from_the_rule_it_follows() -> None:
+    # the local model on a Formula trace, 2026-12-02 (the prompt asking for reusable lessons)
+    trace = _trace("A startup has 500,000 shares outstanding, each priced at $12. What is its market cap?",
+                   "6,000,000", "6000000.0")  # fmt: skip
+    lesson = (
+        "The formula for market capitalization is given as Market Cap = Shares Outstanding × Share Price. "
+        "In this case, the startup has 500,000 shares outstanding and each priced at $12. Therefore, the "
+        "market capitalization can be calculated as 500,000 × $12 = $6,000,000. The answer is $6,000,000.00."
+    )
+    t = trim_lesson(lesson, trace)
+    assert t.kept == "The formula for market capitalization is given as Market Cap = Shares Outstanding × Share Price."
+    assert len(t.dropped) == 3
+
+
+def test_the_local_models_substitution_step_and_its_account_of_the_agent_are_trimmed() -> None:
+    # the local model on Formula traces, 2026-12-02
+    beta = (
+        "The formula for beta is given as Beta = Cov(R_a, R_m) / Var(R_m). "
+        "We can substitute these values into the formula to compute the beta."
+    )
+    assert trim_lesson(beta).kept == "The formula for beta is given as Beta = Cov(R_a, R_m) / Var(R_m)."
+    mistake = ("The agent made a common mistake of interpreting the change in unemployment rate as a negative number, "
+               "which is not possible. The change in unemployment rate should be positive, as it represents a decrease "
+               "in the unemployment rate.")  # fmt: skip
+    assert trim_lesson(mistake).kept == (
+        "The change in unemployment rate should be positive, as it represents a decrease in the unemployment rate."
+    )
+
+
+def test_a_lesson_with_nothing_left_after_trimming_is_refused_with_its_first_reason() -> None:
+    t = trim_lesson("In this case the ratio is 2.00. We get 4.")
+    assert t.kept is None and t.refused == "records_the_run"
