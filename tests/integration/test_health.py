@@ -49,10 +49,10 @@ def _until(what: str, cond: object, timeout_s: float) -> float:
 def test_an_llm_outage_shows_and_prompt_get_knows_why_there_is_no_prompt(pipe: Pipeline, ui: str) -> None:  # noqa: F811
     assert pipe.sim is not None
     endpoint = pipe.sim.base_url
-    traces, _ = pipe.traces(16, 3, LEARNED)
+    traces, _ = pipe.traces(8, 3, LEARNED)
     pipe.start_worker(COMBEE_EMBEDDINGS="off")  # the default health interval (5 s)
     pipe.publish_traces(traces, pace_s=0.01)
-    pipe.wait_learned({LEARNED: 16})
+    pipe.wait_learned({LEARNED: 8})
     wait_until(lambda: f"llm {endpoint}: up" in combee(pipe, "status").stdout, 60, "the worker's health report")
 
     port = pipe.sim.port

@@ -285,3 +285,23 @@ async def test_latest_version_publisher_rides_out_a_redis_outage(keys: RedisKeys
         await publisher.stop()
         await client.aclose()
         await asyncio.to_thread(server.stop)
+
+
+@pytest.mark.usefixtures("cleanup")
+async def test_health_reports_and_namespaces_seen(client: redis.asyncio.Redis, keys: RedisKeys) -> None:
+    now = [1000.0]
+    store = RedisPromptStore(client, keys, clock=lambda: now[0])
+    assert await store.health_reports() == [] and await store.seen_namespaces() == []
+    await store.set_health("gone:1", {"worker": "gone:1", "updated_at": 10.0, "dependencies": {}})
+    await store.set_health("old:2", {"worker": "old:2", "updated_at": 900.0, "dependencies": {}})
+    now[0] = 5000.0  # gone:1 is now 4990 s old: the next report forgets it, old:2 (4100 s) too
+    await store.set_health("live:3", {"worker": "live:3", "updated_at": 4999.0, "dependencies": {"llm": {}}})
+    assert [r["worker"] for r in await store.health_reports()] == ["live:3"]
+    await store.set_health("new:4", {"worker": "new:4", "updated_at": 5000.0, "dependencies": {}})
+    assert [r["worker"] for r in await store.health_reports()] == ["new:4", "live:3"]  # newest first
+    await store.clear_health("new:4")
+    assert [r["worker"] for r in await store.health_reports()] == ["live:3"]
+    await store.mark_seen(["b", "a"])
+    await store.mark_seen(["a"])
+    assert await store.seen_namespaces() == ["a", "b"]
+    await store.ping()
