@@ -104,7 +104,8 @@ def _streaming(args: argparse.Namespace) -> int:
     from deploy import local
 
     state_dir = _state_dir()
-    services = local.up(state_dir)
+    kafka_port, redis_port = _ports()
+    services = local.up(state_dir, kafka_port, redis_port)
     started = services.started
     bootstrap, redis_url = services.kafka_bootstrap, services.redis_url
     _say(f"Kafka at {bootstrap}, Redis at {redis_url}" + (f" (started {', '.join(started)})" if started else ""))
@@ -240,6 +241,13 @@ def _real_endpoint(args: argparse.Namespace) -> tuple[str, str, bool]:
     return cfg.base_url, llm.ALIAS, started
 
 
+def _ports() -> tuple[int, int]:
+    """The local Kafka's and Redis's ports, as ``combee dev up`` takes them (COMBEE_KAFKA_PORT, COMBEE_REDIS_PORT)."""
+    from deploy.local.config import DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT, env_int
+
+    return env_int("COMBEE_KAFKA_PORT", DEFAULT_KAFKA_PORT), env_int("COMBEE_REDIS_PORT", DEFAULT_REDIS_PORT)
+
+
 def _state_dir() -> Path | None:
     return Path(os.environ["COMBEE_STATE_DIR"]) if os.environ.get("COMBEE_STATE_DIR") else None
 
@@ -282,7 +290,8 @@ def _streaming_real(args: argparse.Namespace) -> int:
     created: str | None = None
     try:
         traces = real_traces(base_url, model, args.traces)
-        services = local.up(_state_dir())
+        kafka_port, redis_port = _ports()
+        services = local.up(_state_dir(), kafka_port, redis_port)
         bootstrap, redis_url = services.kafka_bootstrap, services.redis_url
         _say(f"Kafka at {bootstrap}, Redis at {redis_url}")
         prefix = f"demo{int(time.time())}"
