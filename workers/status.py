@@ -3,14 +3,13 @@ version Redis lost back."""
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import time
 from typing import Any
 
 from combee.playbook import render_prompt
 from workers.context import StageContext
+from workers.health import worker_id
 from workers.runtime import NamespaceRuntime
 from workers.window import in_flight
 
@@ -50,7 +49,7 @@ def status_of(ctx: StageContext, rt: NamespaceRuntime) -> dict[str, Any]:
         },
         "latency_close_to_applied_s": {"p50": _quantile(lat, 0.5), "p95": _quantile(lat, 0.95), "n": len(lat)},
         "last_applied_at": rt.last_applied_at,
-        "worker": f"{socket.gethostname()}:{os.getpid()}",
+        "worker": worker_id(),
         "updated_at": time.time(),
     }
 
