@@ -38,6 +38,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 async def _serve(settings: Settings, host: str, port: int) -> None:
+    from combee.redaction import redact_url
     from combee.ui.server import serve
     from streams.keys import RedisKeys
     from streams.redis_connection import build_redis
@@ -46,6 +47,12 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
     redis = build_redis(settings, client_name="combee-ui")
     try:
         store = RedisPromptStore(redis, RedisKeys(settings.key_prefix))
-        await serve(store, host, port, ready=lambda url: print(f"combee ui: serving {url} (Ctrl-C stops)", flush=True))
+        await serve(
+            store,
+            host,
+            port,
+            ready=lambda url: print(f"combee ui: serving {url} (Ctrl-C stops)", flush=True),
+            redis_target=redact_url(settings.redis_url),
+        )
     finally:
         await redis.aclose()

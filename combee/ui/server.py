@@ -29,12 +29,14 @@ from combee.promptdiff import UnknownVersion
 from combee.ui import render
 from streams import overview
 from streams.overview import OverviewStore
+from streams.redis_store import DEFAULT_HISTORY_LIMIT
 
-__all__ = ["STORE_KEY", "build_app", "serve", "start_site"]
+__all__ = ["REDIS_KEY", "STORE_KEY", "build_app", "serve", "start_site"]
 
 log = logging.getLogger(__name__)
 
 STORE_KEY = web.AppKey[OverviewStore]("store")
+REDIS_KEY = web.AppKey[str]("redis")  # the Redis the store reads (credentials masked), for the 503 page
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -94,7 +96,8 @@ def _page(handler: Callable[[web.Request, OverviewStore], Awaitable[web.Response
             status, message = 400, str(exc)
         except (redis.exceptions.RedisError, OSError) as exc:
             log.warning("reading Redis for %s failed: %s", request.path, type(exc).__name__)
-            status, message = 503, f"cannot read Redis: {type(exc).__name__}"
+            where = request.app.get(REDIS_KEY)
+            status, message = 503, f"cannot read Redis{f' at {where}' if where else ''}: {type(exc).__name__}"
         if api:
             return web.json_response({"error": message}, status=status)
         return _html(render.error_page(status, message), status)
@@ -126,7 +129,9 @@ async def _version_page(request: web.Request, store: OverviewStore) -> web.Respo
     assert version is not None  # the route's pattern requires digits
     view = await overview.version_detail(store, ns, version)
     if view is None:
-        raise _Fail(404, f"{ns}: version {version} is not published or no longer retained")
+        held = sorted(h.version for h in await store.history(ns, limit=DEFAULT_HISTORY_LIMIT))
+        there = f"versions {held[0]}..{held[-1]}" if held else "no version yet"
+        raise _Fail(404, f"{ns}: version {version} is not published or no longer retained (there are {there})")
     return _json(view) if request.path.startswith("/api/") else _html(render.version_page(view))
 
 
@@ -142,11 +147,13 @@ async def _not_found(request: web.Request) -> web.Response:
     return _html(render.error_page(404, f"no page at {request.path}"), 404)
 
 
-def build_app(store: OverviewStore) -> web.Application:
+def build_app(store: OverviewStore, redis_target: str | None = None) -> web.Application:
     """The web UI over ``store`` (a :class:`streams.redis_store.RedisPromptStore`, or a test's fake). Not started;
-    the caller owns the store's connection."""
+    the caller owns the store's connection. ``redis_target`` (credentials masked) is named when Redis fails."""
     app = web.Application()
     app[STORE_KEY] = store
+    if redis_target:
+        app[REDIS_KEY] = redis_target
     for base in ("", "/api"):
         app.router.add_get(f"{base}/" if base == "" else f"{base}/namespaces", _page(_index))
         app.router.add_get(base + "/ns/{namespace}", _page(_namespace_page))
@@ -172,9 +179,16 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     return runner, bound
 
 
-async def serve(store: OverviewStore, host: str, port: int, *, ready: Callable[[str], None] | None = None) -> None:
+async def serve(
+    store: OverviewStore,
+    host: str,
+    port: int,
+    *,
+    ready: Callable[[str], None] | None = None,
+    redis_target: str | None = None,
+) -> None:
     """Serve until cancelled; ``ready`` (if given) gets the page's URL once bound."""
-    runner, bound = await start_site(build_app(store), host, port)
+    runner, bound = await start_site(build_app(store, redis_target), host, port)
     shown = f"[{host}]" if ":" in host else host
     try:
         if ready is not None:

@@ -201,7 +201,7 @@ async def test_the_pages_answer(client: TestClient[Any, Any]) -> None:
 async def test_an_unknown_version_is_a_404_page(client: TestClient[Any, Any]) -> None:
     page = await client.get(f"/ns/{NS}/v/9")
     assert page.status == 404 and page.content_type == "text/html"
-    assert f"{NS}: version 9 is not published or no longer retained" in await page.text()
+    assert f"{NS}: version 9 is not published or no longer retained (there are versions 1..2)" in await page.text()
     diff = await client.get(f"/ns/{NS}/diff", params={"to": "9"})
     assert diff.status == 404
     assert "version 9 is not published or no longer retained (there are versions 1..2)" in await diff.text()
@@ -230,6 +230,9 @@ async def test_redis_unreachable_is_a_503_page() -> None:
         assert page.status == 503 and "cannot read Redis: ConnectionError" in await page.text()
         api = await c.get("/api/namespaces")
         assert api.status == 503 and json.loads(await api.text()) == {"error": "cannot read Redis: ConnectionError"}
+    async with TestClient(TestServer(build_app(DownStore([], None), "redis://app:***@127.0.0.1:6379/0"))) as c:
+        page = await c.get("/")
+        assert page.status == 503 and "cannot read Redis at redis://app:***@127.0.0.1:6379/0" in await page.text()
 
 
 async def test_an_outage_a_worker_reports_shows_on_the_pages_and_in_the_api() -> None:
