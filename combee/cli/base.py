@@ -44,6 +44,7 @@ __all__ = [
     "service_errors",
     "settings_from_args",
     "stream_settings",
+    "with_start_hint",
 ]
 
 EXIT_USAGE = 2
@@ -234,10 +235,15 @@ def service_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argpa
             if isinstance(exc, redis.exceptions.ConnectionError) and not isinstance(
                 exc, redis.exceptions.AuthenticationError
             ):
-                message += "; start it, or for the local one run: combee dev up"
+                message = with_start_hint(message)
             raise CliError(f"{service}: {message}", EXIT_SERVICE) from None
 
     return run
+
+
+def with_start_hint(message: str) -> str:
+    """``message`` (a service that did not answer) with how to start the local one."""
+    return message.rstrip(". ") + "; start it, or for the local one run: combee dev up"
 
 
 def prompt_client(settings: Settings, namespace: str) -> PromptClient:

@@ -23,6 +23,7 @@ from combee.cli.base import (
     prompt_client,
     service_errors,
     stream_settings,
+    with_start_hint,
 )
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def _get(client: PromptClient, settings: Any, wait_s: float | None) -> Any:
         return client.get()
     except PromptUnavailable as exc:
         if exc.unreadable:  # Redis could not be read: not a question of the namespace
-            raise CliError(str(exc), EXIT_SERVICE) from None
+            raise CliError(with_start_hint(str(exc)), EXIT_SERVICE) from None
         if wait_s is None:
             raise _no_prompt(settings, client.namespace, None) from None
     for v in client.watch(timeout=None if math.isinf(wait_s) else wait_s):
@@ -151,7 +152,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
                     if args.count and count >= args.count:
                         break
         except PromptUnavailable as exc:
-            raise CliError(str(exc), EXIT_SERVICE) from None
+            raise CliError(with_start_hint(str(exc)) if exc.unreadable else str(exc), EXIT_SERVICE) from None
     return 0
 
 
