@@ -422,6 +422,8 @@ def generator_ask(
     reserve = max(0, GENERATOR_TASK_RESERVE - prompt_tokens([user]))
 
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
+        if not playbook.bullets:  # nothing learned yet: a prompt that says nothing about a playbook
+            return chat_messages(prompts.generator_system_empty.format(), user)
         return chat_messages(prompts.generator_system.format(playbook=view.text(prompts)), user)
 
     minimum = GENERATOR_TOKENS[1]

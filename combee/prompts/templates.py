@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_PROMPTS",
     "EMPTY_NOTE",
     "GENERATOR_SYSTEM",
+    "GENERATOR_SYSTEM_EMPTY",
     "GENERATOR_USER",
     "MERGER_REPLY_ADD_ONLY",
     "MERGER_REPLY_ALL_OPS",
@@ -195,6 +196,14 @@ form the task asks for, in "final_answer". Reply with one JSON object {{"reasoni
 "final_answer": "..."}} and nothing else."""
 
 
+GENERATOR_SYSTEM_EMPTY = """\
+You are an AI agent. Solve the task inside <task>. Reason briefly in "reasoning" (a few sentences), then give \
+only the final answer, in the form the task asks for, in "final_answer". Reply with one JSON object \
+{{"reasoning": "...", "final_answer": "..."}} and nothing else."""
+"""The agent's system prompt while its playbook has no lessons: no word about a playbook (a small model told
+"the playbook is empty" answered FiNER questions with an empty answer, "no lessons can be applied")."""
+
+
 GENERATOR_USER = """\
 <task>
 {task}
@@ -233,6 +242,7 @@ class PromptSet:
     merger_reply_all_ops: str = MERGER_REPLY_ALL_OPS
     merger_reply_add_only: str = MERGER_REPLY_ADD_ONLY
     generator_system: str = GENERATOR_SYSTEM
+    generator_system_empty: str = GENERATOR_SYSTEM_EMPTY
     generator_user: str = GENERATOR_USER
     repair_user: str = REPAIR_USER
     subset_note: str = SUBSET_NOTE
@@ -258,6 +268,7 @@ _REQUIRED: Mapping[str, frozenset[str]] = {
     "merger_reply_all_ops": frozenset(),
     "merger_reply_add_only": frozenset(),
     "generator_system": frozenset({"playbook"}),
+    "generator_system_empty": frozenset(),
     "generator_user": frozenset({"task"}),
     "repair_user": frozenset({"problem"}),
     "subset_note": frozenset({"shown", "total"}),

@@ -322,3 +322,22 @@ def test_consecutive_versions_share_the_prompt_up_to_the_old_playbooks_last_bull
         cut = a[1].content.index(last_line) + len(last_line)
         assert a[1].content[:cut] == b[1].content[:cut] and "version" not in a[1].content[:cut]
         assert b[1].content.index("(Playbook version 2.)") < b[1].content.index("</playbook>")
+
+
+def test_the_agents_prompt_says_nothing_about_a_playbook_until_it_has_a_lesson() -> None:
+    # the local model, told "the playbook is empty", answered FiNER questions with "" (no lessons can be applied)
+    from combee.models import Playbook
+    from combee.prompts import generator_request
+
+    empty = generator_request("What is 2 + 2?", Playbook(namespace="ns"))
+    assert "playbook" not in empty.messages[0].content.lower() and "lesson" not in empty.messages[0].content.lower()
+    learned = generator_request("What is 2 + 2?", _playbook_with_one_bullet())
+    assert "playbook" in learned.messages[0].content.lower()
+
+
+def _playbook_with_one_bullet():  # type: ignore[no-untyped-def]
+    from combee.models import AddOp, Delta, Playbook
+    from combee.playbook import apply_delta
+
+    delta = Delta(namespace="ns", window_id="w", base_version=0, ops=(AddOp(section="s", content="Add carefully."),))
+    return apply_delta(Playbook(namespace="ns"), delta)[0]
