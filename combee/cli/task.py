@@ -239,6 +239,8 @@ def _timing_journal(out: Path, enabled: bool) -> tuple[dict[str, Any], dict[str,
         return bool(enabled and stats.calls and not stats.cached and own)
 
     def on_phase(name: str, stats: PhaseStats) -> None:
+        if stats.loadavg is None and stats.timed_at is None:  # measured now: how busy the machine was
+            stats.loadavg = os.getloadavg()
         if not model_timed(stats):
             return  # nothing measured afresh: keep what the journal has
         journal[name] = {**stats.as_dict(), "measured_at": now()}

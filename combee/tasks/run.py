@@ -89,6 +89,9 @@ class PhaseStats:
     models: set[str] = field(default_factory=set)
     timed_at: str | None = None  # set when these figures are an earlier run's (see with_timing): when measured
     resumed_after: int | None = None  # set when the first steps were timed in an earlier run (see Resumed)
+    # the machine's load average (1, 5, 15 min) when the phase ended, set by the caller: how busy the machine
+    # was while the phase was timed
+    loadavg: tuple[float, float, float] | None = None
 
     def add(self, response: ChatResponse) -> None:
         self.calls += 1
@@ -110,6 +113,7 @@ class PhaseStats:
             "simulated_answers": self.simulated,
             **({"timed_in_an_earlier_run_at": self.timed_at} if self.timed_at else {}),
             **({"resumed_after_step": self.resumed_after} if self.resumed_after is not None else {}),
+            **({"loadavg_at_end": [round(x, 2) for x in self.loadavg]} if self.loadavg else {}),
         }
 
     @classmethod
@@ -123,6 +127,7 @@ class PhaseStats:
         wall = doc.get("wall_s", 0.0)
         at = doc.get("timed_in_an_earlier_run_at")
         after = doc.get("resumed_after_step")
+        load = doc.get("loadavg_at_end")
         return cls(
             wall_s=float(wall) if isinstance(wall, (int, float)) else 0.0,
             calls=num("calls"),
@@ -132,6 +137,9 @@ class PhaseStats:
             simulated=num("simulated_answers"),
             timed_at=str(at) if at else None,
             resumed_after=int(after) if isinstance(after, int) else None,
+            loadavg=(float(load[0]), float(load[1]), float(load[2]))
+            if isinstance(load, list) and len(load) == 3
+            else None,
         )
 
     def copy(self) -> PhaseStats:
@@ -155,6 +163,7 @@ def with_timing(fresh: PhaseStats, earlier: PhaseStats | None, measured_at: str)
         models=fresh.models,
         timed_at=earlier.timed_at or measured_at,
         resumed_after=earlier.resumed_after,
+        loadavg=earlier.loadavg,
     )
 
 
