@@ -141,20 +141,19 @@ def test_sim_traces_without_out_writes_under_var_not_the_current_directory(
 
 
 def test_kafka_not_there_is_one_line_naming_it_and_how_to_start_it(trace_file: Path) -> None:
+    # The message is the fast path's own (a socket probe before any client is built); kafka-python's bootstrap,
+    # the slow path (~30 s), ends in "KafkaTimeoutError: Unable to bootstrap". No wall-clock bound: on a loaded
+    # machine starting the process alone takes seconds.
     import os
-    import time
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"COMBEE_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}", "COMBEE_STATE_DIR": os.devnull}
     for verb in (["publish", "--traces", str(trace_file)], ["topics", "describe"], ["worker"]):
-        started = time.monotonic()
         done = combee(*verb, env=env)
-        took = time.monotonic() - started
         assert done.returncode == 4 and done.stderr.count("\n") == 1, (verb, done.stderr)
         assert done.stderr == (
             f"combee: error: Kafka is not reachable at 127.0.0.1:{port} (127.0.0.1:{port}: connection refused); "
             "start it, or for the local one run: combee dev up\n"
         )
-        assert took < 25, f"{verb} took {took:.1f} s (kafka-python's own bootstrap gives up after about 30 s)"
