@@ -131,7 +131,7 @@ def collected(stack: PrivateStack, workdir: Path, api_key: str) -> Iterator[tupl
         status = _combee(run, "status", "--json", "--prefix", run.prefix)
         assert status.returncode == 0, status.stderr
         out.add("combee status --json", status.stdout + status.stderr)
-        rows = {r["namespace"]: r for r in json.loads(status.stdout)}
+        rows = {r["namespace"]: r for r in json.loads(status.stdout)["namespaces"]}
         for ns in watcher_ns:
             got = _combee(run, "prompt", "get", ns, "--json", "--prefix", run.prefix)
             assert got.returncode == 0, got.stderr
