@@ -117,6 +117,14 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=(8, 16, 32, 64),
         help="with --overload: naive batch sizes (default 8,16,32,64; the number of traces is added)",
     )
+    p.add_argument(
+        "--skip",
+        type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
+        default=(),
+        metavar="VARIANTS",
+        help="with --overload: variants left out, by name (e.g. sequential, combee-section-b64); recorded in "
+        "overload.json's options",
+    )
     p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")
     p.add_argument("--data-dir", type=Path, help=f"the finance data (default ${DATA_ENV} or ../shared/...)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -394,14 +402,18 @@ async def _run_overload(
     err: TextIO,
 ) -> dict[str, Any]:
     from combee.llm import Role
-    from combee.tasks.overload import OverloadConfig, default_variants, run_overload
+    from combee.tasks.overload import OverloadConfig, default_variants, run_overload, without
     from combee.tasks.overload_report import document
 
     base = method_config(settings, "combee")
+    try:
+        variants = without(default_variants(base, len(train), args.naive_batches), args.skip)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     config = OverloadConfig(
         task=spec.name,
         train=train,
-        variants=default_variants(base, len(train), args.naive_batches),
+        variants=variants,
         reflect_config=base,
         concurrency=settings.llm_max_concurrency,
         dedup=dedup,

@@ -46,6 +46,7 @@ __all__ = [
     "refusals",
     "run_overload",
     "same_rule",
+    "without",
 ]
 
 
@@ -74,6 +75,15 @@ def default_variants(base: MethodConfig, n: int, naive_batches: Sequence[int] = 
         out.append(Variant(f"combee-section-union-p1-b{n}", p1, n, "combee"))
     out.append(Variant("sequential", replace(base, method=Method.SEQUENTIAL), 1, "sequential"))
     return out
+
+
+def without(variants: Sequence[Variant], skip: Sequence[str]) -> list[Variant]:
+    """``variants`` less those named in ``skip``. Raises ValueError naming an unknown name and the known ones."""
+    names = [v.name for v in variants]
+    unknown = [name for name in skip if name not in names]
+    if unknown:
+        raise ValueError(f"no overload variant named {', '.join(unknown)}; the variants are {', '.join(names)}")
+    return [v for v in variants if v.name not in set(skip)]
 
 
 @dataclass(frozen=True)
