@@ -5,8 +5,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from html.parser import HTMLParser
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["element_texts", "wait_until"]
+if TYPE_CHECKING:
+    from combee.tasks.data import Question
+
+__all__ = ["FINANCE_DATA", "element_texts", "real_model_questions", "wait_until"]
+
+# The few finance rows the tests read, carried with them (source and licence: tests/data/finance/README.md), so a
+# clone runs its tests without the ACE data beside it.
+FINANCE_DATA = Path(__file__).resolve().parent / "data" / "finance"
+REAL_MODEL_TRACES = 4
+
+
+def real_model_questions() -> list[Question]:
+    """The Formula questions the real-model tests have the model answer, drawn from :data:`FINANCE_DATA`."""
+    from combee.cli.demo import formula_questions
+
+    return formula_questions(REAL_MODEL_TRACES, seed=7, data_dir=FINANCE_DATA)
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.5) -> None:

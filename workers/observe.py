@@ -18,13 +18,14 @@ __all__ = ["lag_reporter", "publish_listener", "report_lag"]
 log = logging.getLogger("combee.worker")
 
 
-def publish_listener(ctx: StageContext) -> Callable[[str, int], None]:
-    """The publisher's ``on_published``: the version Redis holds, and how long after its window closed."""
+def publish_listener(ctx: StageContext, clock: Callable[[], float] = time.time) -> Callable[[str, int], None]:
+    """The publisher's ``on_published``: the version Redis holds, and how long after its window closed (by
+    ``clock``, the wall clock the window's closing time was taken from)."""
 
     def published(namespace: str, version: int) -> None:
         rt = ctx.runtimes.get(namespace)
         closed = rt.published(version) if rt is not None else None
-        ctx.metrics.prompt_published(namespace, version, None if closed is None else time.time() - closed)
+        ctx.metrics.prompt_published(namespace, version, None if closed is None else clock() - closed)
 
     return published
 

@@ -27,11 +27,11 @@ from typing import Any
 
 from combee.cli.base import batch_size, positive_int
 from combee.sim.traceset import write_trace_set
-from combee.tasks.data import default_data_dir
+from combee.tasks.data import TASKS, Question, default_data_dir, load_questions, pick
 from combee.wiring import build_llm
 from deploy.worker import spawn_worker
 
-__all__ = ["add_demo_command", "real_traces", "run_demo"]
+__all__ = ["add_demo_command", "formula_questions", "real_traces", "run_demo"]
 
 NAMESPACES = (("finance-formula", "formula", 1), ("finance-finer", "finer", 2))
 
@@ -252,16 +252,21 @@ def _state_dir() -> Path | None:
     return Path(os.environ["COMBEE_STATE_DIR"]) if os.environ.get("COMBEE_STATE_DIR") else None
 
 
-def real_traces(base_url: str, model: str, n: int, *, seed: int = 0, concurrency: int = 4) -> list[dict[str, Any]]:
-    """``n`` traces of a real agent: the model answers Formula training questions with an empty playbook and
-    each answer is graded against the ground truth (the finance task harness's agent and grader)."""
+def formula_questions(n: int, *, seed: int = 0, data_dir: Path | None = None) -> list[Question]:
+    """``n`` Formula training questions drawn with ``seed`` from ``data_dir`` (default: :func:`default_data_dir`).
+
+    Raises ConfigError, one line saying where to get the data, when the file is missing."""
+    spec = TASKS["formula"]
+    return pick(load_questions((data_dir or default_data_dir()) / spec.train_file), n, seed, "train")
+
+
+def real_traces(base_url: str, model: str, questions: list[Question], *, concurrency: int = 4) -> list[dict[str, Any]]:
+    """One trace of a real agent per question: the model answers the Formula ``questions`` with an empty playbook
+    and each answer is graded against the ground truth (the finance task harness's agent and grader)."""
     from combee.models import Playbook
     from combee.settings import Settings
     from combee.tasks.agent import answer_all, to_trace
-    from combee.tasks.data import TASKS, load_questions, pick
 
-    spec = TASKS["formula"]
-    questions = pick(load_questions(default_data_dir() / spec.train_file), n, seed, "train")
     settings = Settings(openai_base_url=base_url, model=model, llm_max_concurrency=concurrency, llm_timeout_s=900.0)
 
     async def run() -> list[Any]:
@@ -283,13 +288,14 @@ def real_traces(base_url: str, model: str, n: int, *, seed: int = 0, concurrency
 def _streaming_real(args: argparse.Namespace) -> int:
     from deploy import llm, local
 
+    questions = formula_questions(args.traces)  # before any model starts: a missing data file is one line
     base_url, model, llm_started = _real_endpoint(args)
     _say(f"REAL model {model!r} at {base_url}" + (" (started here)" if llm_started else ""))
     services = None
     worker: subprocess.Popen[bytes] | None = None
     created: str | None = None
     try:
-        traces = real_traces(base_url, model, args.traces)
+        traces = real_traces(base_url, model, questions)
         kafka_port, redis_port = _ports()
         services = local.up(_state_dir(), kafka_port, redis_port)
         bootstrap, redis_url = services.kafka_bootstrap, services.redis_url

@@ -126,7 +126,12 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "overload.json's options",
     )
     p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")
-    p.add_argument("--data-dir", type=Path, help=f"the finance data (default ${DATA_ENV} or ../shared/...)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        help=f"the finance data, the folder finance/data of github.com/ace-agent/ace (default ${DATA_ENV} or "
+        "../shared/data/ace-agent-ace/finance/data)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     g = p.add_argument_group("LLM endpoint")
     g.add_argument("--base-url", help=f"OpenAI-compatible base URL (default $OPENAI_BASE_URL or {LOCAL_BASE_URL})")

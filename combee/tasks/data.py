@@ -1,8 +1,11 @@
-"""The finance task data (Formula, FiNER), read where it lives (``../shared/data/...``), never copied.
+"""The finance task data (Formula, FiNER), read where it lives, never copied.
 
-Each row of the JSON-lines files is ``{"context": <the full prompt text>, "target": <the answer string>}``
-(see ``../shared/data/SOURCES.md``). A :class:`Question` is one row with a stable id (``<file stem>:<line>``),
-so a report can name the exact rows it used. Rows are chosen by :func:`pick`, seeded, so a re-run with the
+The files are the folder ``finance/data`` of the ACE repository (:data:`DATA_SOURCE`); a checkout finds them at
+``$COMBEE_FINANCE_DATA``, else at ``../shared/data/ace-agent-ace/finance/data`` beside it. Each row of the
+JSON-lines files is ``{"context": <the full prompt text>, "target": <the answer string>}``.
+
+A :class:`Question` is one row with a stable id (``<file stem>:<line>``), so a report can name the exact rows it
+used. Rows are chosen by :func:`pick`, seeded, so a re-run with the
 same seed answers the same questions in the same order.
 """
 
@@ -17,9 +20,11 @@ from pathlib import Path
 
 from combee.errors import ConfigError
 
-__all__ = ["DATA_ENV", "TASKS", "Question", "TaskSpec", "default_data_dir", "load_questions", "pick"]
+__all__ = ["DATA_ENV", "DATA_SOURCE", "TASKS", "Question", "TaskSpec", "default_data_dir", "load_questions", "pick"]
 
 DATA_ENV = "COMBEE_FINANCE_DATA"
+# Where a user gets the files (Apache-2.0 repository; the FiNER rows derive from FiNER-139, CC-BY-SA-4.0).
+DATA_SOURCE = "https://github.com/ace-agent/ace (folder finance/data, or eval/finance/data in newer commits)"
 
 
 def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -63,7 +68,10 @@ class Question:
 def load_questions(path: Path) -> list[Question]:
     """Every row of one data file, in file order. Raises ConfigError naming the file and line of a bad row."""
     if not path.is_file():
-        raise ConfigError(f"data file not found: {path} (set --data-dir or COMBEE_FINANCE_DATA)")
+        raise ConfigError(
+            f"data file not found: {path}. The finance data comes from {DATA_SOURCE}: download that folder and"
+            f" point {DATA_ENV} (or combee task --data-dir) at it"
+        )
     stem = path.name.removesuffix(".jsonl")
     out: list[Question] = []
     with path.open(encoding="utf-8") as fh:

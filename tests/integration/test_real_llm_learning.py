@@ -23,10 +23,11 @@ from deploy import llm
 from tests.integration.pipeline import Pipeline
 from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip
 from tests.integration.test_real_llm_server import free_port, installed_model
+from tests.support import REAL_MODEL_TRACES, real_model_questions
 
 pytestmark = [pytest.mark.real_llm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-N_TRACES = 4
+N_TRACES = REAL_MODEL_TRACES
 NAMESPACE = "finance-formula"
 
 
@@ -40,13 +41,15 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A private local model server (2 slots of 4,096 tokens) and N_TRACES real traces made with it."""
+    """A private local model server (2 slots of 4,096 tokens) and N_TRACES real traces made with it, answering the
+    Formula rows carried in tests/data/finance."""
     model = installed_model()
+    questions = real_model_questions()
     state_dir = tmp_path_factory.mktemp("llm-state")
     cfg = llm.make_config(model=model, port=free_port(), slots=2, ctx=8192)
     running, _ = llm.up(cfg, state_dir, timeout_s=600)
     try:
-        traces = real_traces(running.base_url, llm.ALIAS, N_TRACES, seed=7, concurrency=2)
+        traces = real_traces(running.base_url, llm.ALIAS, questions, concurrency=2)
         yield running.base_url, traces
     finally:
         llm.down(state_dir)

@@ -8,7 +8,6 @@ playbook must be the one-worker playbook exactly.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,31 @@ FIXED_WINDOWS = {
 }
 
 
-def wait_ready(workers: list[Worker]) -> None:
-    """Every worker has joined the group (its log says Ready), and the last rebalance has settled."""
+def traces_partitions(port: int, topic: str) -> frozenset[int]:
+    """The partitions of ``topic`` a worker reports consumer lag for: those assigned to it (its lag sampler, every
+    5 s, forgets a partition once it is taken away)."""
+    return frozenset(
+        int(dict(labels)["partition"])
+        for (name, labels) in scrape(port)
+        if name == "combee_consumer_lag" and ("topic", topic) in labels
+    )
+
+
+def wait_ready(pipe: Pipeline, workers: list[Worker], ports: list[int]) -> None:
+    """Every worker has joined the group (its log says Ready), and the last rebalance has settled: each worker
+    holds its own share of the traces partitions, together all of them, the same at two samples 6 s apart."""
     wait_until(lambda: all("Worker]: Ready" in w.log.read_text(errors="replace") for w in workers), 180, "ready")
-    time.sleep(8.0)
+    everything = frozenset(range(pipe.partitions))
+    last: list[list[frozenset[int]]] = []
+
+    def settled() -> bool:
+        held = [traces_partitions(port, pipe.topics.traces) for port in ports]
+        split = all(held) and sum(map(len, held)) == len(everything) and frozenset().union(*held) == everything
+        stable = split and last == [held]
+        last[:] = [held]
+        return stable
+
+    wait_until(settled, 300, f"the {len(everything)} traces partitions shared out among the workers", poll_s=6.0)
 
 
 def learn(tmp: Path, traces: list[dict], workers: int) -> tuple[Playbook, list[float], Pipeline]:
@@ -45,7 +65,7 @@ def learn(tmp: Path, traces: list[dict], workers: int) -> tuple[Playbook, list[f
         ports = [free_port() for _ in range(workers)]
         for port in ports:
             pipe.start_worker(COMBEE_METRICS_PORT=str(port))
-        wait_ready(pipe.workers)
+        wait_ready(pipe, pipe.workers, ports)
         pipe.publish_traces(traces)  # at once: the windows are cut by size alone
         pipe.wait_learned({NS: len(traces)}, timeout_s=600)
         calls = [value(scrape(port), "combee_llm_calls_total", role="reflector") for port in ports]

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,15 +63,15 @@ def test_publish_before_any_worker_names_the_missing_topic_then_lands_after_topi
     assert described.returncode == 1
     assert re.search(rf"^{re.escape(topics.traces)}\s+-\s+-\s+missing", described.stdout, re.MULTILINE)
 
-    started = time.monotonic()
+    # The message is the fast path's own (the publisher looks the topic up before its first send); without it the
+    # send would block on metadata for max_block_ms and end in kafka-python's KafkaTimeoutError. No wall-clock
+    # bound: on a loaded machine starting the process alone takes seconds.
     refused = combee(topics, "publish", "--traces", str(path))
-    took = time.monotonic() - started
     assert refused.returncode == 4, refused.stderr
     assert refused.stderr == (
         f"combee: error: Kafka topic {topics.traces} does not exist; create it with: "
         f"combee topics create --bootstrap {bootstrap} --prefix {topics.prefix} --partitions {PARTITIONS}\n"
     )
-    assert took < 8, f"the missing topic took {took:.1f}s to report (no 10-s metadata timeout)"
 
     first = combee(topics, "topics", "create")
     assert first.returncode == 0, first.stderr

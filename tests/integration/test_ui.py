@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -40,14 +41,31 @@ EVIL_NS = "ui-hostile"
 EVIL = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\"> & keep"
 
 
-def chromium_binary() -> str:
+REQUIRE_CHROMIUM = "COMBEE_REQUIRE_CHROMIUM"  # 1 in CI (.ci/run): a missing Chromium fails the test, not skips it
+
+
+def chromium_binary(environ: Mapping[str, str] = os.environ) -> str:
+    """The Chromium on PATH. Without one: a skip, or a failure when ``$COMBEE_REQUIRE_CHROMIUM`` is 1."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        pytest.skip(
+        why = (
             "no chromium binary on PATH (install it: apt-get install -y --no-install-recommends chromium); "
             "the web UI's browser test needs a real headless Chromium"
         )
+        if environ.get(REQUIRE_CHROMIUM) == "1":
+            pytest.fail(f"{why} and {REQUIRE_CHROMIUM}=1 says this run must have it", pytrace=False)
+        pytest.skip(why)
     return found
+
+
+def test_a_missing_chromium_is_a_skip_unless_the_run_requires_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(pytest.skip.Exception, match="no chromium binary"):
+        chromium_binary({})
+    with pytest.raises(BaseException) as required:  # a skip is a BaseException too: it must not pass for a failure
+        chromium_binary({REQUIRE_CHROMIUM: "1"})
+    assert required.type is pytest.fail.Exception, f"{required.typename}: {required.value}"
+    assert f"{REQUIRE_CHROMIUM}=1" in str(required.value)
 
 
 class Browser:

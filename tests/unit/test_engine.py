@@ -242,17 +242,26 @@ async def test_requests_are_sized_to_the_context_the_llm_reports():
     assert {r.max_tokens for r in llm.calls(Role.CURATOR)} != {4000}
 
 
-async def test_a_keyed_reduce_sends_each_section_to_its_own_calls_and_unites_them() -> None:
-    from combee.engine import Method, MethodConfig
-    from combee.learner import LearnConfig, learn
-    from combee.models import Trace
-    from combee.sim.inproc import InProcessSim
-    from combee.sim.world import Behaviour, WorldResponder, generate_traces
+def _two_sections(request: ChatRequest) -> str:
+    """echo_script, but trace i's insight is filed under "strategies" (even i) or "verification" (odd i)."""
+    if request.role == Role.REFLECTOR:
+        trace = block_lines(request, "trace")[0]
+        section = ("strategies", "verification")[int(trace["task"].split()[-1]) % 2]
+        insight = {"section": section, "content": f"lesson: {trace['task']}"}
+        return json.dumps({"diagnosis": "ok", "insights": [insight], "bullet_tags": []})
+    return echo_script(request)
 
-    traces, _, _ = generate_traces(60, 3, namespace="t")
-    llm = InProcessSim(WorldResponder(Behaviour()))
-    config = LearnConfig(method=MethodConfig(method=Method.COMBEE, shuffle_key="section-union"), batch_size=60)
-    result = await learn([Trace.model_validate(t) for t in traces], llm, config)
-    assert "merger" not in result.meter.roles  # united, never merged
-    keyed = MethodConfig(shuffle_key="section")
-    assert keyed.plan_keyed([], "w").plans == ()
+
+async def test_a_keyed_reduce_sends_each_section_to_its_own_calls_and_unites_them() -> None:
+    llm = ScriptedLLM(_two_sections)
+    config = MethodConfig(shuffle_key="section-union", max_group_items=8)
+    result = await run_window(window(40), Playbook(namespace="ns"), llm, config)
+    assert result.keyed is not None and result.keyed.keys == ("strategies", "verification")
+    curated = [
+        {i["section"] for r in block_lines(c, "reflections") for i in r["insights"]} for c in llm.calls(Role.CURATOR)
+    ]
+    assert len(curated) == result.keyed.curator_calls > 2 and all(len(sections) == 1 for sections in curated)
+    assert {s for sections in curated for s in sections} == {"strategies", "verification"}
+    assert llm.calls(Role.MERGER) == []  # united, never merged
+    added = sorted(op.content for op in result.delta.ops)
+    assert added == sorted(f"lesson: task number {i}" for i in range(40))  # every call's operations, each once

@@ -14,6 +14,7 @@ from combee.tasks.agent import answer_all, clip, to_trace
 from combee.tasks.data import Question, load_questions, pick
 from combee.tracefile import parse_trace
 from tests.fakes import ScriptedLLM
+from tests.support import REAL_MODEL_TRACES, real_model_questions
 
 ROWS = [
     {"context": 'Use formula ROI. Question: "Gain 150, cost 100?". Answer:', "target": "50.0"},
@@ -40,12 +41,19 @@ def test_load_questions_names_rows_by_file_and_line(data_file: Path) -> None:
 
 
 def test_load_questions_errors_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError, match="not found") as missing:
         load_questions(tmp_path / "missing.jsonl")
+    assert "github.com/ace-agent/ace" in str(missing.value) and "\n" not in str(missing.value)  # where to get it
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"context": "x"}\n')
     with pytest.raises(ConfigError, match=r"bad\.jsonl:1"):
         load_questions(bad)
+
+
+def test_the_rows_the_real_model_tests_answer_are_carried_with_the_tests() -> None:
+    qs = real_model_questions()  # what their fixture loads before it starts a model, from tests/data/finance
+    assert len({q.id for q in qs}) == REAL_MODEL_TRACES
+    assert all(q.context.startswith("Use formula") and float(q.target) == float(q.target) for q in qs)
 
 
 def test_pick_is_seeded_distinct_and_bounded(data_file: Path) -> None:

@@ -184,11 +184,22 @@ def test_the_cli_runs_end_to_end_against_the_simulator_and_a_rerun_comes_from_th
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["task", "formula", "--sim", "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path), "--quiet"])
     assert code == 2
-    assert "data file not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "data file not found" in err and "github.com/ace-agent/ace" in err and err.count("\n") == 1
     code = main(["task", "formula", "--sim", "--n-train", "9", "--out", str(tmp_path / "o"),
                  "--data-dir", str(_fixture_data(tmp_path)), "--quiet"])  # fmt: skip
     assert code == 2
     assert "holds 3" in capsys.readouterr().err
+
+
+def test_the_real_model_demo_says_where_to_get_missing_data_before_it_starts_a_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COMBEE_FINANCE_DATA", str(tmp_path))
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # never reached: the data is checked first
+    assert main(["demo", "--llm", "endpoint", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "data file not found" in err and "github.com/ace-agent/ace" in err and err.count("\n") == 1
 
 
 def test_unreachable_endpoint_fails_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

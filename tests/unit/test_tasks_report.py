@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from combee.tasks.report import bootstrap_indices, interval
+from combee.tasks.report import _paired, bootstrap_indices, interval
 
 
 def test_bootstrap_draws_are_seeded() -> None:
@@ -25,7 +25,13 @@ def test_interval_brackets_the_mean_and_degenerates_for_constant_values() -> Non
     assert all(math.isnan(x) for x in interval([], []))
 
 
-def test_a_paired_interval_of_identical_scores_is_zero() -> None:
-    a = [1.0, 0.0, 1.0, 1.0, 0.0]
+def test_a_paired_interval_resamples_both_methods_on_the_same_questions() -> None:
+    b = [1.0, 0.0] * 20
+    a = [1.0] * 2 + b[2:]  # a answers one more question than b, the rest alike
     draws = bootstrap_indices(len(a), 500, 1)
-    assert interval([x - x for x in a], draws) == (0.0, 0.0)
+    paired = _paired(a, b, draws)
+    assert paired["delta"] == 0.025
+    lo, hi = paired["ci95"]
+    assert 0.0 <= lo <= hi <= 0.075  # no resample can find a worse than b: every question is paired
+    unpaired_lo = interval(a, draws)[0] - interval(b, draws)[1]
+    assert unpaired_lo < -0.1  # unpaired intervals could not tell the two apart

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -97,16 +96,16 @@ def test_a_published_version_reports_its_latency_once() -> None:
     ctx = learner(MemoryKafka(), ScriptedLLM(echo_script))
     m = with_metrics(ctx)
     rt = ctx.runtime("alpha")
-    rt.applied_version(1, time.time() - 5)
-    rt.applied_version(2, time.time() - 3)
-    listener = publish_listener(ctx)
+    rt.applied_version(1, 995.0)
+    rt.applied_version(2, 997.0)
+    listener = publish_listener(ctx, clock=lambda: 1000.0)
     listener("alpha", 2)  # v1 was superseded before Redis took it: only v2 is observed
     listener("alpha", 2)  # the store refused a repeat: no second observation
     listener("beta", 4)  # a namespace this worker does not own: the version, no latency
     assert value(m, "combee_prompt_version", namespace="alpha") == 2
     assert value(m, "combee_prompt_version", namespace="beta") == 4
     assert value(m, "combee_window_latency_seconds_count", namespace="alpha", step="published") == 1
-    assert 3 <= value(m, "combee_window_latency_seconds_sum", namespace="alpha", step="published") < 4
+    assert value(m, "combee_window_latency_seconds_sum", namespace="alpha", step="published") == 3.0
     assert rt.unpublished == {}
 
 
