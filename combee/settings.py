@@ -131,6 +131,11 @@ class Settings(BaseSettings):
     # writes what it found to Redis for `combee status` and `combee ui`; 0: no checks.
     health_interval_s: float = Field(default=5.0, ge=0)
 
+    # --- trust boundaries (docs/security.md) ---
+    # The HMAC-SHA256 key of control records (rollback): the CLI signs with it, workers that have it apply only
+    # records signed with it (others are dead-lettered and counted). Unset: workers accept unsigned control records.
+    control_key: SecretStr | None = None
+
     # --- the web page (`combee ui`, docs/operations.md) ---
     # Host names the page answers besides localhost, IP addresses and the address it is bound to (a JSON list);
     # any other Host is refused (421), which stops DNS rebinding from reading /api/*.

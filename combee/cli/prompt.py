@@ -225,6 +225,7 @@ def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> 
     from kafka import KafkaProducer
 
     from streams.codec import encode
+    from streams.control_auth import control_key, sign
     from streams.envelopes import Control
     from streams.kafka_config import kafka_security_kwargs, require_kafka
     from streams.topics import Topics
@@ -236,6 +237,9 @@ def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> 
     require_kafka(settings)
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **kafka_security_kwargs(settings))
     ctrl = Control(namespace=args.namespace, kind="rollback", to_version=args.to, requested_at=time.time())
+    key = control_key(settings)
+    if key is not None:
+        ctrl = sign(ctrl, key)
     producer.send(topics.partials, key=args.namespace.encode(), value=encode(ctrl)).get(timeout=30)
     producer.close()
     deadline = time.monotonic() + args.timeout
@@ -246,5 +250,8 @@ def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> 
             return 0
         time.sleep(0.5)
     raise CliError(
-        f"rollback requested, but no new version appeared within {args.timeout:g}s (is a worker running?)", 4
+        f"rollback requested, but no new version appeared within {args.timeout:g}s (is a worker running? "
+        f"The request was {'signed with this' if key else 'not signed: no'} COMBEE_CONTROL_KEY; a worker whose "
+        "key differs dead-letters it)",
+        4,
     )
