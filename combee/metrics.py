@@ -67,6 +67,9 @@ class Metrics(Protocol):
     def trace_moved(self, namespace: str) -> None:
         """A trace arrived on another partition than its namespace's and was published again to the right one."""
 
+    def control_refused(self, reason: str) -> None:
+        """A control record (rollback) was dead-lettered: ``unsigned`` or ``bad_signature``."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -117,4 +120,7 @@ class NoMetrics:
         pass
 
     def trace_moved(self, namespace: str) -> None:
+        pass
+
+    def control_refused(self, reason: str) -> None:
         pass

@@ -67,6 +67,12 @@ class PrometheusMetrics:
         self._batch = Gauge(
             "combee_batch_size", "The window size the controller chose (or is trying).", ["namespace"], registry=r
         )
+        self._controls_refused = Counter(
+            "combee_control_records_refused",
+            "Control records (rollback) dead-lettered: unsigned or bad_signature (COMBEE_CONTROL_KEY).",
+            ["reason"],
+            registry=r,
+        )
         self._fenced = Counter(
             "combee_fenced_writes",
             "Delta records refused because another owner claimed the partition first (zombie writes).",
@@ -208,6 +214,9 @@ class PrometheusMetrics:
 
     def trace_moved(self, namespace: str) -> None:
         self._moved.labels(namespace).inc()
+
+    def control_refused(self, reason: str) -> None:
+        self._controls_refused.labels(reason).inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

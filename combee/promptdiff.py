@@ -24,12 +24,15 @@ from combee.errors import CombeeError, ConfigError
 from combee.models import Bullet, Playbook
 
 __all__ = [
+    "MAX_DIFF_VERSIONS",
     "PROVENANCE_KEY",
     "BulletChange",
+    "DiffTooWide",
     "PromptDiff",
     "UnknownVersion",
     "VersionRecord",
     "WindowProvenance",
+    "bound_span",
     "diff_span",
     "diff_versions",
     "parse_provenance",
@@ -37,12 +40,19 @@ __all__ = [
     "render_diff",
 ]
 
+MAX_DIFF_VERSIONS = 50
+"""The default most published versions (full playbooks) one diff request of ``combee ui`` reads."""
+
 PROVENANCE_KEY = "provenance"
 """The key of a published version's ``meta`` that lists the windows it covers (see :func:`provenance_entry`)."""
 
 
 class UnknownVersion(CombeeError):
     """A version asked for is not among the published versions still retained; the message lists what is."""
+
+
+class DiffTooWide(ConfigError):
+    """A diff would read more published versions than its reader allows; the message says how to narrow it."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,18 @@ def diff_span(
                 f"version {v} is not published or no longer retained (there are versions {held[0]}..{held[-1]})"
             )
     return from_v, to_v, tuple(v for v in held if from_v <= v <= to_v)
+
+
+def bound_span(from_version: int, to_version: int, wanted: Sequence[int], limit: int) -> None:
+    """Raise DiffTooWide when ``wanted`` (the versions a diff from ``from_version`` to ``to_version`` reads, from
+    :func:`diff_span`) holds more than ``limit`` versions; the message names the nearest ``from`` within it."""
+    if len(wanted) <= limit:
+        return
+    nearest = sorted(wanted)[-limit]
+    raise DiffTooWide(
+        f"a diff from v{from_version} to v{to_version} reads {len(wanted)} published versions; at most {limit} "
+        f"are read per request: compare from v{nearest} or later, or use `combee prompt diff`"
+    )
 
 
 def diff_versions(records: Sequence[VersionRecord], from_version: int, to_version: int) -> PromptDiff:

@@ -16,6 +16,7 @@ from combee.controller import DEFAULT_BS, DEFAULT_BS_MAX, DEFAULT_BS_MIN, DEFAUL
 from combee.dedup import DEFAULT_THRESHOLD
 from combee.engine import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.llm import DEFAULT_REASONING_MODELS, Role
+from combee.promptdiff import MAX_DIFF_VERSIONS
 from combee.sections import DEFAULT_SECTIONS
 
 __all__ = ["Settings"]
@@ -129,6 +130,18 @@ class Settings(BaseSettings):
     # How often (seconds) a worker checks its dependencies (LLM and embeddings endpoints, Kafka, Redis) and
     # writes what it found to Redis for `combee status` and `combee ui`; 0: no checks.
     health_interval_s: float = Field(default=5.0, ge=0)
+
+    # --- trust boundaries (docs/security.md) ---
+    # The HMAC-SHA256 key of control records (rollback): the CLI signs with it, workers that have it apply only
+    # records signed with it (others are dead-lettered and counted). Unset: workers accept unsigned control records.
+    control_key: SecretStr | None = None
+
+    # --- the web page (`combee ui`, docs/operations.md) ---
+    # Host names the page answers besides localhost, IP addresses and the address it is bound to (a JSON list);
+    # any other Host is refused (421), which stops DNS rebinding from reading /api/*.
+    ui_allowed_hosts: tuple[str, ...] = ()
+    # The most published versions (full playbooks) one diff request reads.
+    ui_max_diff_versions: int = Field(default=MAX_DIFF_VERSIONS, ge=2)
 
     def model_for(self, role: Role) -> str:
         specific = getattr(self, f"model_{role.value}")

@@ -41,6 +41,7 @@ from combee.settings import Settings
 from streams.keys import RedisKeys
 from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
 from streams.redis_records import (
+    MAX_VERSION,
     RECORD_FIELDS,
     HistoryEntry,
     parse_history,
@@ -85,7 +86,10 @@ def _prompt_version(namespace: str, values: Sequence[Any]) -> PromptVersion | No
         return None
     if prompt is None:
         raise ValueError(f"prompt hash of namespace {namespace!r} has a version but no prompt")
-    return PromptVersion(int(version), prompt, namespace, window_id or None, reply_float(published_at))
+    number = int(version)
+    if not 0 <= number <= MAX_VERSION:  # written outside Combee: never adopted (`combee prompt repair` resets it)
+        raise ValueError(f"namespace {namespace!r} holds version {version[:40]}, not in 0..2**53 - 1 (tampered)")
+    return PromptVersion(number, prompt, namespace, window_id or None, reply_float(published_at))
 
 
 def _announced_version(message: Any) -> int | None:
@@ -93,9 +97,10 @@ def _announced_version(message: Any) -> int | None:
     if not isinstance(message, dict) or message.get("type") != "message":
         return None
     try:
-        return int(reply_text(message.get("data")) or "")
+        version = int(reply_text(message.get("data")) or "")
     except ValueError:
         return None
+    return version if 0 <= version <= MAX_VERSION else None
 
 
 class _Backoff:

@@ -189,6 +189,11 @@ class Control(_Envelope):
     kind: Literal["rollback"]
     to_version: int = Field(ge=0)
     requested_at: float
+    signature: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="hex HMAC-SHA256 of the record without it, under COMBEE_CONTROL_KEY (streams/control_auth.py)",
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

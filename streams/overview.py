@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from combee.health import STALE_AFTER_S, describe_dependency
 from combee.models import Playbook
-from combee.promptdiff import PromptDiff, VersionRecord, WindowProvenance, diff_span, diff_versions
+from combee.promptdiff import PromptDiff, VersionRecord, WindowProvenance, bound_span, diff_span, diff_versions
 from combee.store import PublishedPrompt
 from streams.redis_records import HistoryEntry
 from streams.redis_store import DEFAULT_HISTORY_LIMIT
@@ -273,12 +273,20 @@ async def version_detail(store: OverviewStore, namespace: str, version: int) -> 
 
 
 async def prompt_diff(
-    store: OverviewStore, namespace: str, from_version: int | None = None, to_version: int | None = None
+    store: OverviewStore,
+    namespace: str,
+    from_version: int | None = None,
+    to_version: int | None = None,
+    *,
+    max_versions: int | None = None,
 ) -> PromptDiff:
     """What ``combee prompt diff NS [--from V] [--to W]`` prints, as data (same defaults, same reads).
-    Raises UnknownVersion (nothing published, or a version not retained) and ConfigError (``from`` > ``to``)."""
+    Raises UnknownVersion (nothing published, or a version not retained), ConfigError (``from`` > ``to``) and,
+    before reading any playbook, DiffTooWide when the diff would read more than ``max_versions`` versions."""
     published = [h.version for h in await store.history(namespace, limit=DEFAULT_HISTORY_LIMIT)]
     from_v, to_v, wanted = diff_span(published, from_version, to_version)
+    if max_versions is not None:
+        bound_span(from_v, to_v, wanted, max_versions)
     records = [r for r in [await store.version_record(namespace, v) for v in wanted] if r is not None]
     if from_v == 0:  # before the first version: the empty playbook
         records.append(VersionRecord(0, Playbook(namespace=namespace)))

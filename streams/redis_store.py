@@ -43,6 +43,7 @@ from combee.tokens import estimate_tokens
 from streams.keys import RedisKeys
 from streams.redis_connection import client_secrets
 from streams.redis_records import (
+    MAX_VERSION,
     RECORD_FIELDS,
     HistoryEntry,
     check_version,
@@ -88,23 +89,33 @@ PUBLISH_SCRIPT: Final = """
 -- ARGV[1] version  ARGV[2] prompt  ARGV[3] playbook JSON  ARGV[4] window id ('' = none)  ARGV[5] published_at
 -- ARGV[6] meta JSON  ARGV[7] history entry JSON  ARGV[8] namespace  ARGV[9] updates channel
 -- ARGV[10] history limit (>= 1)  ARGV[11] per-version key prefix (prefix .. N = key of version N)
--- ARGV[12] most per-version hashes to delete in this call
+-- ARGV[12] most per-version hashes to delete in this call  ARGV[13] the largest version (2**53 - 1)
 -- Returns {1, version, trimmed} when written, {0, stored_version, 0} when not newer (nothing written).
+-- A version above ARGV[13], offered or stored (someone wrote Redis by hand), is an error: nothing is written.
 -- Per-version keys of trimmed entries are derived from ARGV[11]; they share the namespace's {hash tag}, so
 -- they live in the same cluster slot as KEYS[1..3].
 local version = tonumber(ARGV[1])
+local max_version = tonumber(ARGV[13])
+if version == nil or version > max_version then
+  return redis.error_reply('ERR combee: version ' .. ARGV[1] .. ' is above the largest version 2**53 - 1')
+end
+local tampered = 'ERR combee: the stored version of ' .. ARGV[8] .. ' is not a version number in 0..2**53 - 1 '
+  .. '(Redis was written outside Combee); `combee prompt repair ' .. ARGV[8] .. '` resets it'
 local stored = -1
 local raw = redis.call('HGET', KEYS[1], 'version')
 if raw then
   stored = tonumber(raw)
-  if stored == nil then
-    return redis.error_reply('ERR combee: corrupt version field in ' .. KEYS[1])
+  if stored == nil or stored > max_version then
+    return redis.error_reply(tampered)
   end
 end
 -- The history's newest score also counts, so losing `current` alone cannot let an older version back in.
 local top = redis.call('ZREVRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 if top[2] and tonumber(top[2]) > stored then
   stored = tonumber(top[2])
+  if stored > max_version then
+    return redis.error_reply(tampered)
+  end
 end
 if stored >= version then
   return {0, stored, 0}
@@ -297,6 +308,7 @@ class RedisPromptStore(PromptStore):
             str(self.history_limit),
             self._version_key_prefix(namespace),
             str(MAX_TRIM_PER_PUBLISH),
+            str(MAX_VERSION),
         )
         reply = await self._call(self._eval_publish(keys, args))
         written, stored, trimmed = (int(x) for x in reply)

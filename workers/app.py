@@ -23,6 +23,7 @@ from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
 from streams.codec import decode
+from streams.control_auth import control_key
 from streams.envelopes import Snapshot
 from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
@@ -135,6 +136,12 @@ def create_app(
         return md.partition, md.offset
 
     io = KafkaIO(send, settings.kafka_bootstrap, consumer_kwargs, group_id=app.conf.id)
+    if control_key(settings) is None:
+        log.warning(
+            "COMBEE_CONTROL_KEY is unset: control records (rollback) on %s are applied without authentication; "
+            "set it on workers and operators (docs/security.md)",
+            topics.partials,
+        )
     config = StageConfig(
         topics=topics,
         method=method,
@@ -148,6 +155,7 @@ def create_app(
         bs_default=settings.bs_default,
         curate_concurrency=settings.curate_concurrency,
         reflect_task_size=settings.reflect_task_size,
+        control_key=control_key(settings),
     )
     ctx = StageContext(
         config=config,

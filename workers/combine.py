@@ -26,6 +26,7 @@ from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
 from combee.scan import ReadyNode, ReduceTracker
+from streams.control_auth import refusal
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
 from workers.commit import bind, commit, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
@@ -45,6 +46,12 @@ async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
     if env is None:
         return
     msg = event.message
+    refused = refusal(env, ctx.config.control_key) if isinstance(env, Control) else None
+    if refused is not None:  # a control record not signed with this worker's key: never applied
+        ctx.metrics.control_refused(refused[0])
+        await ctx.dead_letter("combine", refused[1], msg)
+        await ctx.acks.done(event)
+        return
     tenure = await ensure_ready(ctx, msg.partition)
     if not is_current(ctx, tenure):
         return  # another tenure owns the partition now (maybe ours, after a rebalance): it redoes this record

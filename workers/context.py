@@ -51,6 +51,7 @@ class StageConfig:
     window_max_bytes: int = 6 * 1024 * 1024
     buffer_limit: int = 4096  # traces buffered per namespace before the window stage stops pulling
     retry_max_s: float = 30.0
+    control_key: bytes | None = None  # COMBEE_CONTROL_KEY: control records must be signed with it (None: not checked)
 
 
 def process_id() -> str:

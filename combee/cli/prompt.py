@@ -1,5 +1,6 @@
-"""``combee prompt get|show|watch|history|diff|rollback``: read, compare or roll back the learned prompt of a
-namespace. ``diff`` reads the versions from Redis and leaves the comparison to :mod:`combee.promptdiff`."""
+"""``combee prompt get|show|watch|history|diff|rollback|repair``: read, compare or roll back the learned prompt of
+a namespace, or repair a version number written to Redis by hand. ``diff`` reads the versions from Redis and
+leaves the comparison to :mod:`combee.promptdiff`."""
 
 from __future__ import annotations
 
@@ -72,7 +73,13 @@ def add_prompt_command(sub: Any) -> None:
     r.add_argument("namespace")
     r.add_argument("--to", type=positive_int, required=True, metavar="VERSION")
     r.add_argument("--timeout", type=float, default=60.0)
-    for q in (g, s, w, h, d, r):
+    fix = psub.add_parser(
+        "repair",
+        help="reset the current version to the highest valid one stored (after a version above 2**53 - 1 was "
+        "written to Redis outside Combee)",
+    )
+    fix.add_argument("namespace")
+    for q in (g, s, w, h, d, r, fix):
         add_connection_options(q)
     p.set_defaults(func=service_errors(cmd_prompt))
 
@@ -116,6 +123,8 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     from streams.client import PromptUnavailable
 
     settings = stream_settings(args)
+    if args.prompt_command == "repair":
+        return _repair(settings, args.namespace)
     with prompt_client(settings, args.namespace) as client:
         try:
             if args.prompt_command == "rollback":
@@ -189,10 +198,34 @@ def _diff(client: PromptClient, args: argparse.Namespace) -> None:
         print(render_diff(diff), end="")
 
 
+def _repair(settings: Any, namespace: str) -> int:
+    from streams.keys import RedisKeys
+    from streams.redis_connection import build_redis
+    from streams.redis_repair import repair_namespace
+
+    async def run() -> Any:
+        redis = build_redis(settings, client_name="combee-repair")
+        try:
+            return await repair_namespace(redis, RedisKeys(settings.key_prefix), namespace)
+        finally:
+            await redis.aclose()
+
+    outcome = asyncio.run(run())
+    removed = f"; removed {outcome.removed} history entries above 2**53 - 1" if outcome.removed else ""
+    if not outcome.reset:
+        print(f"{namespace}: current version {outcome.version} is valid, nothing to reset{removed}")
+    elif outcome.version is None:
+        print(f"{namespace}: no valid version is stored; removed the current prompt{removed}")
+    else:
+        print(f"{namespace}: current version reset to {outcome.version}, the highest valid one stored{removed}")
+    return 0
+
+
 def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> int:
     from kafka import KafkaProducer
 
     from streams.codec import encode
+    from streams.control_auth import control_key, sign
     from streams.envelopes import Control
     from streams.kafka_config import kafka_security_kwargs, require_kafka
     from streams.topics import Topics
@@ -204,6 +237,9 @@ def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> 
     require_kafka(settings)
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **kafka_security_kwargs(settings))
     ctrl = Control(namespace=args.namespace, kind="rollback", to_version=args.to, requested_at=time.time())
+    key = control_key(settings)
+    if key is not None:
+        ctrl = sign(ctrl, key)
     producer.send(topics.partials, key=args.namespace.encode(), value=encode(ctrl)).get(timeout=30)
     producer.close()
     deadline = time.monotonic() + args.timeout
@@ -214,5 +250,8 @@ def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> 
             return 0
         time.sleep(0.5)
     raise CliError(
-        f"rollback requested, but no new version appeared within {args.timeout:g}s (is a worker running?)", 4
+        f"rollback requested, but no new version appeared within {args.timeout:g}s (is a worker running? "
+        f"The request was {'signed with this' if key else 'not signed: no'} COMBEE_CONTROL_KEY; a worker whose "
+        "key differs dead-letters it)",
+        4,
     )

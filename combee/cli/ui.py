@@ -7,7 +7,7 @@ import asyncio
 import errno
 from typing import Any
 
-from combee.cli.base import CliError, add_connection_options, stream_settings
+from combee.cli.base import CliError, add_connection_options, positive_int, stream_settings
 from combee.settings import Settings
 
 __all__ = ["add_ui_command", "cmd_ui"]
@@ -20,6 +20,20 @@ def add_ui_command(sub: Any) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port to bind (default 8765; 0: any free port)")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests with this Host name (repeatable; with $COMBEE_UI_ALLOWED_HOSTS); localhost, "
+        "IP addresses and --host are always answered, any other name is refused (DNS rebinding)",
+    )
+    p.add_argument(
+        "--max-diff-versions",
+        type=positive_int,
+        metavar="N",
+        help="the most versions one diff request reads (default $COMBEE_UI_MAX_DIFF_VERSIONS or 50)",
+    )
     add_connection_options(p)
     p.set_defaults(func=cmd_ui)
 
@@ -27,7 +41,9 @@ def add_ui_command(sub: Any) -> None:
 def cmd_ui(args: argparse.Namespace) -> int:
     settings = stream_settings(args)
     try:
-        asyncio.run(_serve(settings, args.host, args.port))
+        hosts = (*settings.ui_allowed_hosts, *args.allow_host)
+        max_diff = args.max_diff_versions or settings.ui_max_diff_versions
+        asyncio.run(_serve(settings, args.host, args.port, hosts, max_diff))
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             raise CliError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}; choose another --port") from None
@@ -37,7 +53,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(settings: Settings, host: str, port: int) -> None:
+async def _serve(settings: Settings, host: str, port: int, hosts: tuple[str, ...], max_diff: int) -> None:
     from combee.redaction import redact_url
     from combee.ui.server import serve
     from streams.keys import RedisKeys
@@ -53,6 +69,8 @@ async def _serve(settings: Settings, host: str, port: int) -> None:
             port,
             ready=lambda url: print(f"combee ui: serving {url} (Ctrl-C stops)", flush=True),
             redis_target=redact_url(settings.redis_url),
+            allowed_hosts=hosts,
+            max_diff_versions=max_diff,
         )
     finally:
         await redis.aclose()

@@ -24,7 +24,7 @@ from streams.overview import (
     WorkerReport,
 )
 
-__all__ = ["diff_page", "error_page", "health_section", "index_page", "namespace_page", "version_page"]
+__all__ = ["PAGE_STYLE", "diff_page", "error_page", "health_section", "index_page", "namespace_page", "version_page"]
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1180px; padding: 12px 20px; color: #1d2330; }
@@ -48,6 +48,9 @@ details.traces { display: inline; } details.traces summary { cursor: pointer; } 
           margin: 8px 0; }
 .outage b { color: #a1221b; } .healthy { color: #2e7d32; } .stale { color: #a15c00; }
 """
+
+PAGE_STYLE = _STYLE
+"""The text of every page's one ``<style>`` element (the server's Content-Security-Policy allows it by hash)."""
 
 _LATENCY_NOTE = (
     "Per-window latencies are not stored in Redis: a version records its windows' ids and trace ids and when it "

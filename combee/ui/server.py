@@ -5,7 +5,10 @@ Routes: ``/`` (namespaces), ``/ns/{namespace}``, ``/ns/{namespace}/v/{version}``
 ``/ns/{namespace}/diff?from=V&to=W`` (defaults as ``combee prompt diff``), and ``/api/namespaces``,
 ``/api/ns/{namespace}``, ``/api/ns/{namespace}/v/{version}``, ``/api/ns/{namespace}/diff``, ``/api/health`` (the
 workers' dependencies; the index page shows them, a namespace's page its outages). An invalid namespace,
-a version not retained or a bad query is a 404/400 page naming it; Redis unreachable is a 503 page.
+a version not retained or out of range (above 2**53 - 1) or a bad query is a 404/400 page naming it; a diff
+that would read more than ``max_diff_versions`` playbooks is a 400 saying how to narrow it; Redis unreachable is
+a 503 page. A request whose ``Host`` is not a name of this server is a 421 (:mod:`combee.ui.guard`), and every
+answer carries the security headers of :func:`combee.ui.guard.security_headers`.
 Read-only: nothing here writes to Redis.
 """
 
@@ -25,10 +28,12 @@ from pydantic import BaseModel
 
 from combee.errors import ConfigError, InvalidNamespace
 from combee.models import validate_namespace
-from combee.promptdiff import UnknownVersion
+from combee.promptdiff import MAX_DIFF_VERSIONS, UnknownVersion
 from combee.ui import render
+from combee.ui.guard import HostCheck, security_headers
 from streams import overview
 from streams.overview import OverviewStore
+from streams.redis_records import MAX_VERSION
 from streams.redis_store import DEFAULT_HISTORY_LIMIT
 
 __all__ = ["REDIS_KEY", "STORE_KEY", "build_app", "serve", "start_site"]
@@ -37,6 +42,9 @@ log = logging.getLogger(__name__)
 
 STORE_KEY = web.AppKey[OverviewStore]("store")
 REDIS_KEY = web.AppKey[str]("redis")  # the Redis the store reads (credentials masked), for the 503 page
+HOSTS_KEY = web.AppKey[HostCheck]("hosts")
+MAX_DIFF_KEY = web.AppKey[int]("max_diff_versions")
+_HEADERS = security_headers(render.PAGE_STYLE)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -69,15 +77,17 @@ def _namespace(request: web.Request) -> str:
         raise _Fail(404, str(exc)) from None
 
 
-def _version(text: str | None, name: str) -> int | None:
+def _version(text: str | None, name: str, status: int = 400) -> int | None:
+    """``text`` as a version number (None when absent); ``_Fail(status)`` when it is not one in [0, 2**53 - 1]."""
     if text is None or text == "":
         return None
+    shown = text if len(text) <= 40 else f"{text[:40]}…"
     try:
         value = int(text)
-    except ValueError:
-        raise _Fail(400, f"{name} must be a version number, got {text!r}") from None
-    if value < 0:
-        raise _Fail(400, f"{name} must be a version number, got {value}")
+    except ValueError:  # not digits, or more digits than Python converts
+        raise _Fail(status, f"{name} must be a version number, got {shown!r}") from None
+    if not 0 <= value <= MAX_VERSION:
+        raise _Fail(status, f"{name} must be a version number in 0..2**53 - 1, got {shown}")
     return value
 
 
@@ -125,7 +135,7 @@ async def _health(request: web.Request, store: OverviewStore) -> web.Response:
 
 async def _version_page(request: web.Request, store: OverviewStore) -> web.Response:
     ns = _namespace(request)
-    version = _version(request.match_info["version"], "version")
+    version = _version(request.match_info["version"], "version", status=404)
     assert version is not None  # the route's pattern requires digits
     view = await overview.version_detail(store, ns, version)
     if view is None:
@@ -139,7 +149,7 @@ async def _diff_page(request: web.Request, store: OverviewStore) -> web.Response
     ns = _namespace(request)
     from_v = _version(request.query.get("from"), "from")
     to_v = _version(request.query.get("to"), "to")
-    diff = await overview.prompt_diff(store, ns, from_v, to_v)
+    diff = await overview.prompt_diff(store, ns, from_v, to_v, max_versions=request.app[MAX_DIFF_KEY])
     return _json(diff) if request.path.startswith("/api/") else _html(render.diff_page(diff))
 
 
@@ -147,11 +157,36 @@ async def _not_found(request: web.Request) -> web.Response:
     return _html(render.error_page(404, f"no page at {request.path}"), 404)
 
 
-def build_app(store: OverviewStore, redis_target: str | None = None) -> web.Application:
+@web.middleware
+async def _check_host(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer only requests that name this server (DNS rebinding: :mod:`combee.ui.guard`)."""
+    hosts = request.app[HOSTS_KEY]
+    header = request.headers.get("Host")
+    if not hosts.allows(header):
+        return web.Response(status=421, text=hosts.refusal(header) + "\n", content_type="text/plain")
+    return await handler(request)
+
+
+async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(_HEADERS)
+
+
+def build_app(
+    store: OverviewStore,
+    redis_target: str | None = None,
+    *,
+    hosts: HostCheck | None = None,
+    max_diff_versions: int = MAX_DIFF_VERSIONS,
+) -> web.Application:
     """The web UI over ``store`` (a :class:`streams.redis_store.RedisPromptStore`, or a test's fake). Not started;
-    the caller owns the store's connection. ``redis_target`` (credentials masked) is named when Redis fails."""
-    app = web.Application()
+    the caller owns the store's connection. ``redis_target`` (credentials masked) is named when Redis fails;
+    ``hosts`` are the Host names answered (default: localhost and IP addresses); a diff reads at most
+    ``max_diff_versions`` versions."""
+    app = web.Application(middlewares=[_check_host])
+    app.on_response_prepare.append(_add_headers)
     app[STORE_KEY] = store
+    app[HOSTS_KEY] = hosts if hosts is not None else HostCheck()
+    app[MAX_DIFF_KEY] = max_diff_versions
     if redis_target:
         app[REDIS_KEY] = redis_target
     for base in ("", "/api"):
@@ -186,9 +221,13 @@ async def serve(
     *,
     ready: Callable[[str], None] | None = None,
     redis_target: str | None = None,
+    allowed_hosts: tuple[str, ...] = (),
+    max_diff_versions: int = MAX_DIFF_VERSIONS,
 ) -> None:
-    """Serve until cancelled; ``ready`` (if given) gets the page's URL once bound."""
-    runner, bound = await start_site(build_app(store, redis_target), host, port)
+    """Serve until cancelled; ``ready`` (if given) gets the page's URL once bound. Requests must name ``host``,
+    localhost, an IP address or one of ``allowed_hosts`` in their Host header."""
+    app = build_app(store, redis_target, hosts=HostCheck(host, allowed_hosts), max_diff_versions=max_diff_versions)
+    runner, bound = await start_site(app, host, port)
     shown = f"[{host}]" if ":" in host else host
     try:
         if ready is not None:
