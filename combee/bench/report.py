@@ -344,7 +344,11 @@ def acceptance(runs: Iterable[Run], meta: Mapping[str, Any]) -> list[Check]:
             f"{worst_run['key']}: {worst_run['overhead_ratio']:.3f}; configurations: "
             + ", ".join(
                 f"b{row['batch_size']}"
-                + ("" if _default_knobs(row) else f"/p{row['p']}/g{row['group_factor']:g}")
+                + (
+                    ""
+                    if _default_knobs(row)
+                    else f"/{row.get('shuffle_key') or 'none'}/p{row['p']}/g{row['group_factor']:g}"
+                )
                 + f" {row['overhead_ratio']:.3f}"
                 for row in combee_rows
             )

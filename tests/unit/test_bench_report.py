@@ -148,6 +148,8 @@ def test_the_shipped_shape_is_judged_at_batch_100_when_it_ran() -> None:
     check = by_name(acceptance(runs, {"n_traces": 500}))["default100_retention"]
     assert check.status == "miss" and check.value == pytest.approx(0.6 / 0.95)
     assert DEFAULT_SHUFFLE_KEY in check.criterion
+    overhead = by_name(acceptance(runs, {"n_traces": 500}))["overhead"]
+    assert f"b100/{DEFAULT_SHUFFLE_KEY}/p2/g1" in overhead.measured  # a shape's row is named by its shape
 
 
 def test_overhead_uses_the_worst_combee_configuration() -> None:
