@@ -1,7 +1,8 @@
 """The benchmark's PNG figures (matplotlib, headless). Every figure is titled SIMULATED.
 
 * ``quality_vs_time.png`` — the paper's Figure 1 shape: each method and batch size a point, training wall
-  time (log scale) against simulated test accuracy and against insight retention.
+  time (log scale) against simulated test accuracy, against insight retention (plain: hollow markers; at
+  sequential's prompt size: filled) and against retention at 2,000 prompt tokens.
 * ``entries_vs_batch.png`` — the paper's Figure 2 shape: playbook entries against batch size for naive
   batching and Combee, with the paper's Formula curve for naive batching and its ±30 % band.
 """
@@ -53,21 +54,19 @@ def _label(row: Mapping[str, Any]) -> str:
 def _quality_vs_time(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for ax, field, title in (
-        (axes[0], "sim_accuracy", "simulated test accuracy (%)"),
-        (axes[1], "insight_retention", "insight retention (share of hidden insights kept)"),
-    ):
-        for method, style in _STYLE.items():
-            points = [r for r in rows if r["method"] == method and r.get(field) is not None and r.get("wall_s")]
-            if not points:
-                continue
-            xs = [r["wall_s"] for r in points]
-            scale = 100.0 if field == "sim_accuracy" else 1.0
-            ys = [r[field] * scale for r in points]
-            ax.scatter(xs, ys, label=method, s=46, **style)
-            for r, x, y in zip(points, xs, ys, strict=True):
-                ax.annotate(_label(r), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    panels: tuple[tuple[Any, tuple[str, ...], str], ...] = (
+        (axes[0], ("sim_accuracy",), "simulated test accuracy (%)"),
+        (
+            axes[1],
+            ("insight_retention", "retention_at_seq_size"),
+            "insight retention: plain (hollow), at seq. size (filled)",
+        ),
+        (axes[2], ("retention_at_2000",), "insight retention at 2,000 prompt tokens"),
+    )
+    for ax, fields, title in panels:
+        for field in fields:
+            _scatter(ax, rows, field, hollow=len(fields) > 1 and field == "insight_retention")
         ax.set_xscale("log")
         ax.set_xlabel("training wall time (s, log scale)")
         ax.set_ylabel(title)
@@ -82,6 +81,22 @@ def _quality_vs_time(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _scatter(ax: Any, rows: Sequence[Mapping[str, Any]], field: str, hollow: bool) -> None:
+    for method, style in _STYLE.items():
+        points = [r for r in rows if r["method"] == method and r.get(field) is not None and r.get("wall_s")]
+        if not points:
+            continue
+        xs = [r["wall_s"] for r in points]
+        scale = 100.0 if field == "sim_accuracy" else 1.0
+        ys = [r[field] * scale for r in points]
+        look = {**style, "facecolors": "none", "edgecolors": style["color"]} if hollow else style
+        if hollow:
+            look.pop("color")
+        ax.scatter(xs, ys, label=None if hollow else method, s=46, **look)
+        for r, x, y in zip(points, xs, ys, strict=True):
+            ax.annotate(_label(r), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
 
 
 def _entries_vs_batch(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], path: Path) -> Path:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from combee.bench import report, tables
+from combee.bench.size import FIXED_BUDGET
 from combee.bench.spec import BenchConfig, RunSpec, factor_label, is_shared, plan_runs
 from combee.bench.worker import exit_with_parent, train
 from combee.sim.traceset import test_path, truth_path, write_trace_set
@@ -154,6 +155,7 @@ def run_sim_config(run: RunSpec, config: BenchConfig) -> Any:
         "seed": config.sim_seed,
         "time_scale": _time_scale_of(run, config),
         "merge_capacity_factor": run.merge_factor,
+        "labels": config.labels,
     }
     if config.profile == "unlimited":
         fields["max_concurrency"] = config.sim_max_concurrency
@@ -272,17 +274,25 @@ async def _evaluate_all(
         await llm.aclose()
 
 
-def _score_retention(records: dict[str, dict[str, Any]], sets: dict[tuple[int, int], TraceSet]) -> None:
+def _score_quality(records: dict[str, dict[str, Any]], sets: dict[tuple[int, int], TraceSet]) -> None:
+    """Retention (plain, at sequential's prompt size on the same traces, at 2,000 tokens) and the size figures
+    of every playbook, against the ground truth the learner never saw (combee.bench.size)."""
+    from combee.bench.size import score
     from combee.models import Playbook
-    from combee.playbook import render_prompt
-    from combee.sim.world import retention
 
-    for record in records.values():
-        if record.get("error"):
-            continue
+    playbooks = {
+        key: Playbook.model_validate_json(r["playbook_json"]) for key, r in records.items() if not r.get("error")
+    }
+    # one sequential run per trace set (seed, size) is the yardstick of every run on it
+    seq_tokens = {
+        (r["seed"], r["n_traces"]): r["playbook_tokens"]
+        for r in records.values()
+        if r["method"] == "sequential" and not r.get("error")
+    }
+    for key, playbook in playbooks.items():
+        record = records[key]
         truth = sets[(record["seed"], record["n_traces"])].truth
-        playbook = Playbook.model_validate_json(record["playbook_json"])
-        record["insight_retention"] = retention(render_prompt(playbook), truth["insights"])
+        record.update(score(playbook, truth["insights"], seq_tokens.get((record["seed"], record["n_traces"]))))
         record["truth_insights"] = len(truth["insights"])
 
 
@@ -338,7 +348,7 @@ def run_bench(
     load = _load_report(machine_before, own_before, time.monotonic() - started)
     if load.get("foreign_cpu_share", 0.0) > 0.05:
         log(f"warning: other processes used {load['foreign_cpu_share']:.0%} of the machine's CPU during the run")
-    _score_retention(records, sets)
+    _score_quality(records, sets)
     _write_run_files(config.out, records)
     ordered = [records[r.key] for r in runs]
     summary_runs = [{k: v for k, v in r.items() if k not in _SUMMARY_DROP} for r in ordered]
@@ -350,6 +360,8 @@ def run_bench(
         "label": "SIMULATED: Combee simulator (behaviour and latency model), not a real LLM",
         "profile": config.profile if external is None else external.get("profile", "external"),
         "merge_capacity_factors": list(config.merge_factors),
+        "labels": config.labels,
+        "fixed_budget_tokens": FIXED_BUDGET,
         "n_traces": config.n_traces,
         "seed": config.seeds[0],
         "seeds": list(config.seeds),
@@ -390,7 +402,7 @@ def _sim_settings(config: BenchConfig, external: dict[str, Any] | None) -> dict[
     from combee.sim.world import WORLDS, Behaviour
 
     if external is None:
-        fields: dict[str, Any] = {"seed": config.sim_seed, "time_scale": config.time_scale}
+        fields: dict[str, Any] = {"seed": config.sim_seed, "time_scale": config.time_scale, "labels": config.labels}
         if config.profile == "unlimited":
             fields["max_concurrency"] = config.sim_max_concurrency
         for name in ("requests_per_minute", "tokens_per_minute"):
@@ -403,6 +415,6 @@ def _sim_settings(config: BenchConfig, external: dict[str, Any] | None) -> dict[
         "external": external is not None,
         "latency": {k: v for k, v in settings.items() if not k.startswith("fault") and k not in ("models", "outage")},
         "faults": {k: v for k, v in settings.items() if k.startswith("fault") or k == "outage"},
-        "behaviour": asdict(Behaviour(seed=config.sim_seed)),
+        "behaviour": asdict(Behaviour(seed=config.sim_seed, labels=str(settings.get("labels", config.labels)))),
         "world": asdict(WORLDS[config.world]),
     }

@@ -146,6 +146,8 @@ class BenchConfig:
     shuffle_keys: tuple[str, ...] = ("none",)  # reduce shapes of the Combee runs at fixed batch sizes
     # the reduce shape of the controller's runs: by default the one combee learn and the workers use
     auto_shape: str = DEFAULT_SHUFFLE_KEY
+    # How the simulated reflector labels sections (combee.sim.world.Behaviour.labels): consistent | random:N | free
+    labels: str = "consistent"
     requests_per_minute: int | None = None  # overrides of the profile's rate limits (None: the profile's)
     tokens_per_minute: int | None = None
     base_url: str | None = None
@@ -184,6 +186,9 @@ class BenchConfig:
 
         if not self.shuffle_keys or set(self.shuffle_keys) - set(SHUFFLE_KEYS):
             raise ValueError(f"reduce shapes are among {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_keys}")
+        from combee.sim.world import Behaviour
+
+        Behaviour(labels=self.labels)  # raises ValueError for an unknown spelling
         if self.auto_shape not in SHUFFLE_KEYS:
             raise ValueError(
                 f"the controller's reduce shape is one of {', '.join(SHUFFLE_KEYS)}, got {self.auto_shape}"

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from combee.bench.report import (
+    RETENTION,
     Run,
     aggregate,
     calibration,
@@ -72,8 +73,9 @@ def results_table(runs: Iterable[Run], kinds: tuple[str, ...] = ("sweep",)) -> s
     rows = [row for row in aggregate(ok_runs) if row["kind"] in kinds]
     head = (
         "| method | batch | n | seeds | wall s | crit. path s | wall/cp | speed-up (wall) | speed-up (cp) "
-        "| LLM calls | tokens | entries | retention | sim accuracy |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| LLM calls | tokens | entries | lessons | bullets/lesson | playbook tokens | retention "
+        "| retention at seq. size | retention at 2,000 tokens | sim accuracy |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for row in rows:
@@ -83,10 +85,26 @@ def results_table(runs: Iterable[Run], kinds: tuple[str, ...] = ("sweep",)) -> s
             f"| {_fmt(row['wall_s'])} | {_fmt(row['critical_path_s'])} | {_fmt(row['overhead_ratio'], '{:.3f}')} "
             f"| {_fmt(sw, '{:.1f}×')} | {_fmt(sc, '{:.1f}×')} | {_fmt(row['llm_calls'], '{:g}')} "
             f"| {_fmt(row['total_tokens'] / 1e6 if row['total_tokens'] else None, '{:.2f} M')} "
-            f"| {_fmt(row['playbook_entries'], '{:g}')} | {_fmt(row['insight_retention'], '{:.3f}')} "
+            f"| {_fmt(row['playbook_entries'], '{:g}')} | {_size_cells(row)} | {_retention_cells(row)} "
             f"| {_fmt(row['sim_accuracy'] * 100 if row['sim_accuracy'] is not None else None, '{:.1f} %')} |"
         )
     return head + "\n".join(lines) + "\n"
+
+
+def _size_cells(row: Mapping[str, Any]) -> str:
+    """Distinct lessons, bullets per lesson and playbook tokens (three cells)."""
+    return (
+        f"{_fmt(row.get('distinct_lessons'), '{:g}')} | {_fmt(row.get('bullets_per_lesson'), '{:.2f}')} "
+        f"| {_fmt(row.get('playbook_tokens'), '{:,.0f}')}"
+    )
+
+
+def _retention_cells(row: Mapping[str, Any]) -> str:
+    """Retention plain, at sequential's prompt size and at 2,000 tokens (three cells)."""
+    return (
+        f"{_fmt(row.get('insight_retention'), '{:.3f}')} | {_fmt(row.get(RETENTION), '{:.3f}')} "
+        f"| {_fmt(row.get('retention_at_2000'), '{:.3f}')}"
+    )
 
 
 def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
@@ -141,6 +159,14 @@ def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
                 "retention": own("insight_retention"),
                 "sequential_retention": median(r.get("insight_retention") for r in seq.values()),
                 "retention_vs_sequential": paired(ratio_of("insight_retention")),
+                "retention_at_seq_size": own(RETENTION),
+                "sequential_retention_at_seq_size": median(r.get(RETENTION) for r in seq.values()),
+                "retention_at_seq_size_vs_sequential": paired(ratio_of(RETENTION)),
+                "retention_at_2000": own("retention_at_2000"),
+                "distinct_lessons": own("distinct_lessons"),
+                "bullets_per_lesson": own("bullets_per_lesson"),
+                "playbook_tokens": own("playbook_tokens"),
+                "sequential_playbook_tokens": median(r.get("playbook_tokens") for r in seq.values()),
                 "sim_accuracy": own("sim_accuracy"),
                 "total_tokens": own("total_tokens"),
                 "tokens_vs_sequential": paired(ratio_of("total_tokens")),
@@ -163,7 +189,8 @@ def factor_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
 def controller_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
     """Every ``auto`` configuration (reduce shape, merge factor, profiling grid) against the fixed Combee batch
     sizes of the same shape and factor: its choices per seed, its median wall time, and the fastest fixed size
-    that keeps ≥ 0.85 × sequential's retention (the issue-12 controller criterion: within 1.3× of it)."""
+    that keeps ≥ 0.85 × sequential's retention at sequential's prompt size (the issue-12 controller criterion:
+    within 1.3× of it)."""
     ok = successful_runs(runs)
     rows: list[dict[str, Any]] = []
     autos: dict[str, list[Run]] = {}
@@ -196,12 +223,12 @@ def controller_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
                 and r.get("merge_factor", 1.0) == factor
                 and r["n_traces"] == n
             }
-            ratio = median(paired_values(fixed, seq, ratio_of("insight_retention")))
+            ratio = median(paired_values(fixed, seq, ratio_of(RETENTION)))
             wall = median(r["wall_s"] for r in fixed.values())
             if ratio is not None and wall is not None and ratio >= 0.85:
                 good.append((wall, b, ratio))
         auto_wall = median(r["wall_s"] for r in members)
-        auto_ret = median(paired_values({r["seed"]: r for r in members}, seq, ratio_of("insight_retention")))
+        auto_ret = median(paired_values({r["seed"]: r for r in members}, seq, ratio_of(RETENTION)))
         best = min(good) if good else None
         rows.append(
             {
@@ -223,8 +250,8 @@ def controller_table(runs: Iterable[Run]) -> list[dict[str, Any]]:
 
 def _controller_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     out = [
-        "| shape | merge factor | profiling grid | chosen (per seed) | auto wall s | auto retention / seq "
-        "| fastest fixed b with ≥ 0.85 × seq retention | its wall s | auto / it |",
+        "| shape | merge factor | profiling grid | chosen (per seed) | auto wall s | auto retention / seq (at seq. "
+        "size) | fastest fixed b with ≥ 0.85 × seq retention (at seq. size) | its wall s | auto / it |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -241,8 +268,9 @@ def _controller_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def _factor_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     out = [
         "| merge factor | shape | batch | speed-up (wall) | speed-up (critical path) | retention (seq) "
-        "| retention / seq | tokens / seq | cached share (seq) | wall / critical path (seq) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| retention / seq | at seq. size (seq) | at seq. size / seq | at 2,000 tokens | lessons | bullets/lesson "
+        "| playbook tokens (seq) | tokens / seq | cached share (seq) | wall / critical path (seq) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         factor = factor_label(row["merge_factor"])
@@ -250,6 +278,12 @@ def _factor_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"| {factor} | {row.get('shape', 'none')} | {row['batch_size']} | {_fmt(row['speedup_wall'])}× | "
             f"{_fmt(row['speedup_critical_path'])}× | {_fmt(row['retention'], '{:.3f}')} "
             f"({_fmt(row['sequential_retention'], '{:.3f}')}) | {_fmt(row['retention_vs_sequential'], '{:.2f}')} | "
+            f"{_fmt(row.get('retention_at_seq_size'), '{:.3f}')} "
+            f"({_fmt(row.get('sequential_retention_at_seq_size'), '{:.3f}')}) "
+            f"| {_fmt(row.get('retention_at_seq_size_vs_sequential'), '{:.2f}')} "
+            f"| {_fmt(row.get('retention_at_2000'), '{:.3f}')} | {_fmt(row.get('distinct_lessons'), '{:g}')} "
+            f"| {_fmt(row.get('bullets_per_lesson'), '{:.2f}')} | {_fmt(row.get('playbook_tokens'), '{:,.0f}')} "
+            f"({_fmt(row.get('sequential_playbook_tokens'), '{:,.0f}')}) | "
             f"{_fmt(row['tokens_vs_sequential'], '{:.2f}')} | {_fmt(row['cached_share'], '{:.2f}')} "
             f"({_fmt(row['sequential_cached_share'], '{:.2f}')}) | {_fmt(row['wall_over_critical_path'], '{:.2f}')} "
             f"({_fmt(row['sequential_wall_over_critical_path'], '{:.2f}')}) |"
@@ -270,11 +304,15 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"- date: {doc.get('finished_at', '?')}; machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} "
         f"cores, Python {machine.get('python', '?')}, openai {machine.get('openai', '?')}",
         f"- serving profile `{doc.get('profile', 'unlimited')}`; merge capacity factors "
-        f"{doc.get('merge_capacity_factors', [1.0])}",
+        f"{doc.get('merge_capacity_factors', [1.0])}; reflector labels `{doc.get('labels', 'consistent')}`",
         f"- traces: {doc['n_traces']} per seed (world `{doc.get('world', '?')}`), seeds {doc.get('seeds')}, "
         f"time_scale {doc['time_scale']}, bench wall time {_fmt((doc.get('bench_wall_s') or 0) / 60)} min",
         "- values are medians over seeds; speed-ups are per-seed ratios to sequential on the same traces, "
         "then the median",
+        "- retention: share of the hidden insights named anywhere in the prompt; *at seq. size* / *at 2,000 tokens*: "
+        "the same after cutting the playbook to sequential's prompt tokens (same seed) / to 2,000 tokens by the "
+        "project's budget rule, so duplicates crowd lessons out; lessons: distinct insights the playbook names; "
+        "playbook tokens: what an agent pays per call. The acceptance criteria judge retention at seq. size.",
         _load_line(doc.get("machine_load") or {}),
         "",
         "## Sweep",
@@ -350,18 +388,19 @@ def _ablation_table(runs: Sequence[Run]) -> str:
     speed = _speedups(ok_runs)
     level1 = {r["config_key"]: r["plan"].get("max_level1_groups") for r in ok_runs if r.get("plan")}
     lines = [
-        "| variant | level-1 groups | wall s | crit. path s | speed-up (wall) | tokens | entries | retention "
-        "| retention / sequential | sim accuracy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | level-1 groups | wall s | crit. path s | speed-up (wall) | tokens | entries | lessons "
+        "| bullets/lesson | playbook tokens | retention | at seq. size | at 2,000 tokens | at seq. size / sequential "
+        "| sim accuracy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         s = seq.get(row["n_traces"])
-        rel = row["insight_retention"] / s["insight_retention"] if s and s["insight_retention"] else None
+        rel = row[RETENTION] / s[RETENTION] if s and s.get(RETENTION) and row.get(RETENTION) is not None else None
         lines.append(
             f"| {_label(row)} | {level1.get(row['config_key'], '–')} | {_fmt(row['wall_s'])} "
             f"| {_fmt(row['critical_path_s'])} | {_fmt(speed[row['config_key']][0], '{:.1f}×')} "
             f"| {_fmt(row['total_tokens'] / 1e6 if row['total_tokens'] else None, '{:.2f} M')} "
-            f"| {_fmt(row['playbook_entries'], '{:g}')} | {_fmt(row['insight_retention'], '{:.3f}')} "
+            f"| {_fmt(row['playbook_entries'], '{:g}')} | {_size_cells(row)} | {_retention_cells(row)} "
             f"| {_fmt(rel, '{:.3f}')} "
             f"| {_fmt(row['sim_accuracy'] * 100 if row['sim_accuracy'] is not None else None, '{:.1f} %')} |"
         )

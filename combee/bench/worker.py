@@ -30,6 +30,10 @@ from combee.wiring import simulator_llm
 
 __all__ = ["InFlightProbe", "SentCall", "exit_with_parent", "plan_checks", "sent_checks", "train"]
 
+SIM_START_TIMEOUT_S = 180.0
+"""How long a run waits for its simulator's ready line. Starting is a Python import, seconds on a quiet machine;
+under a CPU-bound neighbour at ``nice 19`` one took over 30 s, and the run failed for nothing but that."""
+
 _ITEM_BLOCKS = {Role.CURATOR: "reflections", Role.MERGER: "proposals"}
 
 
@@ -284,9 +288,12 @@ def train(
                 "requests_per_minute": config.requests_per_minute,
                 "tokens_per_minute": config.tokens_per_minute,
                 "shared_throughput": config.shared_throughput,
+                "labels": config.labels,
             }
         if base_url is None:
             if sim_config_json is None:
                 raise ValueError("train() needs a base_url or a simulator config")
-            base_url = stack.enter_context(SimProcess(config, world="combee", quiet=True)).base_url
+            sim = SimProcess(config, world="combee", quiet=True).start(timeout=SIM_START_TIMEOUT_S)
+            stack.callback(sim.stop)
+            base_url = sim.base_url
         return asyncio.run(_train(spec, base_url, traces_path, concurrency, timeout_s, described))

@@ -143,6 +143,12 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "workers)",
     )
     s.add_argument(
+        "--labels",
+        help=f"how the simulated reflector labels a lesson's section: consistent (its own section), random:N (one "
+        f"of N sections per trace) or free (a label per trace); recorded in results.json (default {d.labels}; "
+        "docs/simulator.md)",
+    )
+    s.add_argument(
         "--merge-factors",
         type=_factors,
         help="merge capacity factors to compare, e.g. 1,2,4,unlimited (default 1: a merge overloads like a "
@@ -185,6 +191,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "shapes": "shuffle_keys",
         "auto_shape": "auto_shape",
         "auto_grids": "auto_grids",
+        "labels": "labels",
         "rpm": "requests_per_minute",
         "tpm": "tokens_per_minute",
         "base_url": "base_url",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["FAULT_FIELDS", "SimConfig"]
 
@@ -79,6 +79,17 @@ class SimConfig(BaseModel):
     # proposals writes at most merge_capacity_factor · K(m), K being the curator's capacity law. 1 = a merge
     # overloads exactly like a curator call; None = unlimited (no overload in merges).
     merge_capacity_factor: float | None = Field(default=1.0, gt=0.0)
+    # How the simulated reflector labels a lesson's section (combee.sim.world.Behaviour.labels): "consistent"
+    # (the insight's own section), "random:N" (one of N sections drawn per trace) or "free" (a label per trace).
+    labels: str = "consistent"
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_known(cls, value: str) -> str:
+        from combee.sim.world import Behaviour
+
+        Behaviour(labels=value)  # raises ValueError for an unknown spelling
+        return value
 
     @model_validator(mode="after")
     def _rates_are_a_distribution(self) -> SimConfig:

@@ -72,7 +72,9 @@ class NullResponder:
 def _combee_world(config: SimConfig) -> Responder:
     from combee.sim.world import Behaviour, WorldResponder
 
-    return WorldResponder(Behaviour(seed=config.seed, merge_capacity_factor=config.merge_capacity_factor))
+    return WorldResponder(
+        Behaviour(seed=config.seed, merge_capacity_factor=config.merge_capacity_factor, labels=config.labels)
+    )
 
 
 RESPONDERS: dict[str, Callable[[SimConfig], Responder]] = {
@@ -392,6 +394,9 @@ def _parser() -> argparse.ArgumentParser:
         "--merge-capacity-factor",
         help="a merge of m proposals keeps at most factor x K(m) (K: the curator's law); 'unlimited' for none",
     )
+    parser.add_argument(
+        "--labels", help="how the reflector labels sections: consistent, random:N or free (docs/simulator.md)"
+    )
     for flag, dest, kind in _FLAG_FIELDS:
         parser.add_argument(flag, dest=dest, type=kind, default=None)
     parser.add_argument("--outage", action="store_true", default=None, help="start with the outage switch on")
@@ -418,6 +423,8 @@ def _config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.merge_capacity_factor is not None:
         factor = args.merge_capacity_factor
         base["merge_capacity_factor"] = None if factor in ("unlimited", "none", "inf") else float(factor)
+    if args.labels is not None:
+        base["labels"] = args.labels
     for _, dest, _ in _FLAG_FIELDS:
         value = getattr(args, dest)
         if value is not None:

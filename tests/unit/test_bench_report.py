@@ -21,6 +21,7 @@ def record(
     cp: float | None = None,
     entries: int = 100,
     retention: float = 0.9,
+    at_size: float | None = None,
     accuracy: float = 0.9,
     tokens: int = 1_000_000,
     n: int = 500,
@@ -39,6 +40,12 @@ def record(
         "completion_tokens": tokens // 10,
         "playbook_entries": entries,
         "insight_retention": retention,
+        # at sequential's prompt size: the same as plain retention unless a test says otherwise
+        "retention_at_seq_size": retention if at_size is None else at_size,
+        "retention_at_2000": 0.123,
+        "distinct_lessons": 80,
+        "bullets_per_lesson": entries / 80,
+        "playbook_tokens": 4321,
         "sim_accuracy": accuracy,
         "plan": {"max_group_items_seen": 24, "max_fan_in_seen": 10, "max_tree_depth": 2, "max_level1_groups": 10},
         "controller": {"chosen": 96} if batch == "auto" else None,
@@ -118,6 +125,33 @@ def test_acceptance_reports_misses_with_the_measured_number() -> None:
     assert checks["duration"].status == "not run"
 
 
+def test_retention_criteria_judge_retention_at_sequentials_prompt_size() -> None:
+    runs = sweep()
+    for r in runs:  # Combee keeps every lesson somewhere, but redundancy crowds lessons out at sequential's size
+        if r["method"] == "combee":
+            r["retention_at_seq_size"] = 0.5
+    checks = by_name(acceptance(runs, {"n_traces": 500}))
+    assert checks["combee100_retention"].status == "miss"
+    assert checks["combee100_retention"].value == pytest.approx(0.5 / 0.95)
+    assert "prompt size" in checks["combee100_retention"].criterion
+    assert checks["controller"].status == "not run"  # no fixed size keeps 0.85 × at equal size
+
+
+def test_the_shipped_shape_is_judged_at_batch_100_when_it_ran() -> None:
+    from combee.engine import DEFAULT_SHUFFLE_KEY
+
+    runs = sweep()
+    assert by_name(acceptance(runs, {"n_traces": 500}))["default100_retention"].status == "not run"
+    for seed in (1, 2, 3):
+        shipped = record("combee", 100, seed, wall=10.0, retention=0.95, at_size=0.6, shuffle_key=DEFAULT_SHUFFLE_KEY)
+        runs.append(shipped)
+    check = by_name(acceptance(runs, {"n_traces": 500}))["default100_retention"]
+    assert check.status == "miss" and check.value == pytest.approx(0.6 / 0.95)
+    assert DEFAULT_SHUFFLE_KEY in check.criterion
+    overhead = by_name(acceptance(runs, {"n_traces": 500}))["overhead"]
+    assert f"b100/{DEFAULT_SHUFFLE_KEY}/p2/g1" in overhead.measured  # a shape's row is named by its shape
+
+
 def test_overhead_uses_the_worst_combee_configuration() -> None:
     runs = sweep()
     for r in runs:
@@ -153,6 +187,9 @@ def test_markdown_is_labelled_simulated_and_has_a_row_per_configuration() -> Non
     assert text.count("| combee |") == 6 and text.count("| naive |") == 5 and "| sequential |" in text
     assert "30.0×" in text  # Combee b100's speed-up over sequential
     assert "| 100 | 21 | 21 |" in text  # calibration row
+    # every quality figure comes with the playbook's size, and retention at equal prompt size beside plain
+    assert "| 80 | 1.25 | 4,321 | 0.880 | 0.880 | 0.123 |" in text  # Combee: lessons … retention at 2,000
+    assert "retention at seq. size" in text
 
 
 def test_calibration_validation_reports_the_held_out_worlds_error_without_refitting() -> None:

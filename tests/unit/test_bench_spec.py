@@ -74,6 +74,17 @@ def test_the_controller_runs_with_the_shipped_reduce_shape_whatever_the_order_of
     assert {r.shuffle_key for r in plan_runs(config) if r.batch_size == "auto"} == {"none"}
 
 
+def test_the_reflectors_labelling_is_an_option_that_reaches_every_runs_simulator() -> None:
+    from combee.bench.run import run_sim_config
+
+    assert BenchConfig(out=Path("x")).labels == "consistent"
+    config = build_config(parse("--labels", "random:6", "--quick"))
+    assert config.labels == "random:6"
+    assert {run_sim_config(r, config).labels for r in plan_runs(config)} == {"random:6"}
+    with pytest.raises(ValueError, match="labels"):
+        build_config(parse("--labels", "sometimes"))
+
+
 @pytest.mark.parametrize(
     "bad",
     [["--seeds", "0"], ["--methods", "gepa"], ["--time-scale", "-1"], ["--auto-shape", "none,section"]],

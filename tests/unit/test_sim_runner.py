@@ -148,6 +148,15 @@ async def test_a_world_given_as_an_import_path_runs_in_the_child() -> None:
         assert sim.stats()["answered_by"] == {"responder": 1}
 
 
+def test_the_combee_world_labels_sections_as_its_config_says() -> None:
+    from combee.sim.world import WorldResponder
+
+    responder = make_responder("combee", SimConfig(labels="free"))
+    assert isinstance(responder, WorldResponder) and responder.behaviour.labels == "free"
+    with pytest.raises(ValueError, match="labels"):
+        SimConfig(labels="random:0")
+
+
 def test_responders_are_made_by_name_or_import_path() -> None:
     config = SimConfig()
     assert make_responder(None, config) is None
