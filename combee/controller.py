@@ -20,7 +20,7 @@ power fits about as well as a higher floor with a flatter one, so the fitted flo
 **Rule** (:func:`floor_batch_size`). The smallest batch whose per-trace time is within ``floor_tolerance`` ε (25 %)
 of the floor: ``c + L/bs ≤ (1+ε)·c`` ⇔ ``bs ≥ L/(ε·c)``. Operationally: no larger batch can learn from the same
 traces more than ``1+ε`` times faster, while every further trace in a window risks quality (retention falls with
-the batch size, docs/benchmarks.md). The choice depends on the measured ratio ``L/c`` — the batch at which the
+the batch size, docs/benchmarks-history.md). The choice depends on the measured ratio ``L/c`` — the batch at which the
 fixed latency weighs as much as the traces — and not on the sizes where it was measured.
 
 **A quality bound where there is no floor.** When the server is not throughput-bound (``unlimited`` serving, a
@@ -50,7 +50,7 @@ at that size, and on a latency-bound endpoint (a hosted API, where ``L/c`` ≈ 1
 iteration per trial. The rule's choices lie in ``[bs_min, ~114]`` — the floor rule up to ``L/c`` ≈ 29, the paper's
 bound (63–114) above it — so the default trials bracket that range instead of sitting below it: 32, 64 (the
 answer with no floor at all) and 128 (just above the largest choice), a 4× span in ``1/bs`` for the fit. Measured
-under the simulator's ``api`` profile on a 500-trace run (docs/benchmarks.md, SIMULATED): trials at 16/32/64 spent
+under the simulator's ``api`` profile on a 500-trace run (docs/benchmarks-history.md, SIMULATED): trials at 16/32/64 spent
 3 of 8 iterations on 112 traces, 1.34× the wall time of the best fixed size; at 32/64/128 they learn 224 traces in
 3 iterations, about what 224 traces cost at the chosen ~78, and the run took 1.25×. A trial larger than the choice
 costs quality instead (one iteration at 128 where ~80 would be chosen). Candidates are clamped to

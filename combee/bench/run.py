@@ -1,6 +1,6 @@
 """The benchmark orchestrator: trace sets, simulator, training phases, evaluation, scoring, files.
 
-Order of work (each step's reason is in ``docs/benchmarks.md``):
+Order of work (each step's reason is in ``docs/benchmarks-history.md``):
 
 1. Write one SIMULATED trace set per (seed, size) to ``DIR/traces/`` (traces, held-out tasks, ground truth).
 2. Start the simulator as a child process (:class:`~combee.sim.runner.SimProcess`, so it never shares the

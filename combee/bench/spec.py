@@ -8,7 +8,7 @@ scale runs (one window over a large trace set, and sequential on the same traces
 Runs are split into two phases by how many calls they put in flight at once (their *width*): narrow runs
 (width ≤ ``shared_max_width``, e.g. sequential with one call in flight) share the machine with each other; wide
 runs (a map stage of 50+ concurrent calls) run alone, so that their wall time measures the framework and not
-its neighbours. ``docs/benchmarks.md`` gives the measured effect of sharing.
+its neighbours. ``docs/benchmarks-history.md`` gives the measured effect of sharing.
 """
 
 from __future__ import annotations

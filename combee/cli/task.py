@@ -38,7 +38,7 @@ LOCAL_MODEL = "local"
 FULL = (60, 100)  # the acceptance size: >= 60 training traces, >= 100 test questions
 PARTIAL = "partial"  # in the timings journal: learning phases stopped part-way, by their last fully timed step
 TIMINGS = "timings.json"  # in --out: each phase's figures from the run in which the model (not the cache) answered it
-QUICK = (4, 5)  # 569 s measured on the local 1.5B model on 2 cores, alone (docs/benchmarks.md)
+QUICK = (4, 5)  # 569 s measured on the local 1.5B model on 2 cores, alone (docs/benchmarks-history.md)
 METHODS = ("sequential", "naive", "combee")
 NO_LEARNING = "none"  # --methods none: only the empty playbook is evaluated
 

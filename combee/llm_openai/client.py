@@ -373,7 +373,7 @@ class OpenAILLM:
                 # The client's generic POST with a raw-response cast: the same request body, status handling
                 # and errors as ``chat.completions.create``, without its per-request walk of the parameters
                 # against the SDK's typed signature and without building a pydantic ``ChatCompletion`` —
-                # together most of the client's CPU per request (see docs/benchmarks.md). The body is our
+                # together most of the client's CPU per request (see docs/benchmarks-history.md). The body is our
                 # own plain JSON, so that walk had nothing to change.
                 raw = await self._client.post("/chat/completions", body=kwargs, cast_to=HTTP_RESPONSE)
             self._durations.setdefault(role, deque(maxlen=DURATIONS_KEPT)).append(self._clock() - started)
