@@ -104,7 +104,7 @@ def create_app(
     every ``settings.health_interval_s`` seconds and told of every LLM step's outcome; its report goes to Redis.
     """
     roles = set(roles)
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    topics = Topics(settings.topic_prefix, settings.partitions, traces_retention_ms=settings.traces_retention_ms)
     app = App(
         f"{settings.topic_prefix}-worker",
         broker=f"kafka://{settings.kafka_bootstrap}",
