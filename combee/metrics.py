@@ -67,6 +67,9 @@ class Metrics(Protocol):
     def trace_moved(self, namespace: str) -> None:
         """A trace arrived on another partition than its namespace's and was published again to the right one."""
 
+    def trace_forgotten(self, namespace: str) -> None:
+        """A trace a forget rule names was skipped: not learned (``combee traces forget``)."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -117,4 +120,7 @@ class NoMetrics:
         pass
 
     def trace_moved(self, namespace: str) -> None:
+        pass
+
+    def trace_forgotten(self, namespace: str) -> None:
         pass

@@ -209,6 +209,9 @@ class PrometheusMetrics:
     def trace_moved(self, namespace: str) -> None:
         self._moved.labels(namespace).inc()
 
+    def trace_forgotten(self, namespace: str) -> None:
+        self._traces.labels(namespace, "forgotten", "").inc()
+
     # --- exposition ----------------------------------------------------------------------------------------
 
     def render(self) -> bytes:

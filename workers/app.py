@@ -24,6 +24,7 @@ from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
 from streams.codec import decode
 from streams.envelopes import Snapshot
+from streams.forget import CachedRules
 from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
@@ -159,6 +160,7 @@ def create_app(
         map_table=ChangelogTable(io, topics.mapstate, topics.partitions, _map_state_decode, _map_state_encode),
         snapshots=ChangelogTable(io, topics.playbooks, topics.partitions, _snapshot_decode, _snapshot_encode),
         metrics=metrics or NoMetrics(),
+        forget_rules=CachedRules(store.forget_rules, time.monotonic),
     )
     publisher.on_published = publish_listener(ctx)
     if health is not None:
