@@ -38,10 +38,11 @@ def test_the_broker_refuses_a_record_over_the_trace_limit_and_keeps_the_configur
     bootstrap = kafka_bootstrap_or_skip()
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topics.traces)])
+        resource = ConfigResource(ConfigResourceType.TOPIC, topics.traces)
+        described = admin.describe_configs([resource], config_filter="all").get("topic", {})
     finally:
         admin.close()
-    configs = {name: value for name, value, *_ in described[0].resources[0][4]}
+    configs = {key: entry.get("value") for key, entry in described[topics.traces].items()}
     assert configs["retention.ms"] == str(RETENTION_MS)
     assert configs["max.message.bytes"] == str(TRACES_MAX_MESSAGE_BYTES)
 
