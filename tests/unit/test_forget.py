@@ -67,3 +67,22 @@ def test_a_worker_rereads_the_rules_after_their_ttl_and_keeps_them_when_redis_fa
 
     asyncio.run(run())
     assert reads == [0.0, 10.0, 20.0]
+
+
+def test_a_read_that_hangs_is_cut_short_and_the_old_rules_kept() -> None:
+    now = [0.0]
+    hang = [False]
+
+    async def load() -> Any:
+        if hang[0]:
+            await asyncio.sleep(3600)
+        return {ForgetRule(namespace="a").encode().encode()}
+
+    cached = CachedRules(load, lambda: now[0], ttl_s=10.0, read_timeout_s=0.01)
+
+    async def run() -> None:
+        assert await cached.rules() == (ForgetRule(namespace="a"),)
+        hang[0], now[0] = True, 10.0
+        assert await cached.rules() == (ForgetRule(namespace="a"),)
+
+    asyncio.run(run())
