@@ -50,7 +50,7 @@ at that size, and on a latency-bound endpoint (a hosted API, where ``L/c`` ≈ 1
 iteration per trial. The rule's choices lie in ``[bs_min, ~114]`` — the floor rule up to ``L/c`` ≈ 29, the paper's
 bound (63–114) above it — so the default trials bracket that range instead of sitting below it: 32, 64 (the
 answer with no floor at all) and 128 (just above the largest choice), a 4× span in ``1/bs`` for the fit. Measured
-under the simulator's ``api`` profile on a 500-trace run (docs/benchmarks-history.md, SIMULATED): trials at 16/32/64 spent
+under the simulator's ``api`` profile, 500 traces (SIMULATED; docs/benchmarks-history.md): trials at 16/32/64 spent
 3 of 8 iterations on 112 traces, 1.34× the wall time of the best fixed size; at 32/64/128 they learn 224 traces in
 3 iterations, about what 224 traces cost at the chosen ~78, and the run took 1.25×. A trial larger than the choice
 costs quality instead (one iteration at 128 where ~80 would be chosen). Candidates are clamped to

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from combee.dedup import Vector
 from combee.errors import LLMUnavailable
-from combee.redaction import redact_url
+from combee.redaction import redact, redact_url, url_secrets
 
 __all__ = ["OpenAIEmbedder"]
 
@@ -40,6 +40,8 @@ class OpenAIEmbedder:
         self.max_attempts = max_attempts
         self.max_batch = max_batch
         self._rng = random.Random()
+        # What an error message must never show: the key and whatever the endpoint URL carries.
+        self._secrets = (*url_secrets(base_url), api_key.get_secret_value() if api_key else None)
         self._owns_client = client is None
         self._client = client or openai.AsyncOpenAI(
             api_key=(api_key or SecretStr("not-needed")).get_secret_value(),
@@ -66,8 +68,12 @@ class OpenAIEmbedder:
                 error: Exception = exc
             except openai.APIStatusError as exc:
                 if exc.status_code < 500:
-                    raise LLMUnavailable(f"embeddings refused by {self.name}: HTTP {exc.status_code}") from exc
+                    raise LLMUnavailable(
+                        f"embeddings refused by {self.name}: HTTP {exc.status_code} ({self._redact(exc)})"
+                    ) from None
                 error = exc
+            except openai.OpenAIError as exc:  # anything else the client raises: its text may quote the endpoint
+                raise LLMUnavailable(f"embeddings from {self.name} failed: {self._redact(exc)}") from None
             else:
                 rows = sorted(response.data, key=lambda d: d.index)
                 if len(rows) != len(texts):
@@ -75,7 +81,12 @@ class OpenAIEmbedder:
                 return [tuple(float(x) for x in row.embedding) for row in rows]
             if attempt + 1 < self.max_attempts:
                 await asyncio.sleep(self._rng.uniform(0, min(8.0, 0.5 * 2**attempt)))
-        raise LLMUnavailable(f"embeddings from {self.name} failed {self.max_attempts} times: {error}")
+        raise LLMUnavailable(f"embeddings from {self.name} failed {self.max_attempts} times: {self._redact(error)}")
+
+    def _redact(self, error: BaseException) -> str:
+        """``error``'s message on one line with the key and the URL's credentials masked (an endpoint's answer
+        or a connection error may quote either)."""
+        return redact(" ".join(str(error).split()), self._secrets)[:400]
 
     async def aclose(self) -> None:
         if self._owns_client:

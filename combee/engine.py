@@ -84,8 +84,8 @@ class Method(enum.StrEnum):
 ShuffleKey = Literal["none", "section", "section-union"]
 SHUFFLE_KEYS: tuple[str, ...] = get_args(ShuffleKey)
 DEFAULT_SHUFFLE_KEY: ShuffleKey = "section-union"
-"""The default reduce shape (docs/benchmarks.md, issue 12: under the gpu profile, SIMULATED, it keeps 0.93x
-sequential's retention at merge factor 1, where the paper's shape keeps 0.17x)."""
+"""The default reduce shape. The evidence for it, real model and SIMULATED, with the files it comes from:
+docs/benchmarks.md (figures are kept there, not here, so that they cannot go stale in the code)."""
 
 
 def reflection_key(reflection: Reflection) -> str:

@@ -70,6 +70,9 @@ class Metrics(Protocol):
     def control_refused(self, reason: str) -> None:
         """A control record (rollback) was dead-lettered: ``unsigned`` or ``bad_signature``."""
 
+    def trace_forgotten(self, namespace: str) -> None:
+        """A trace a forget rule names was skipped: not learned (``combee traces forget``)."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -123,4 +126,7 @@ class NoMetrics:
         pass
 
     def control_refused(self, reason: str) -> None:
+        pass
+
+    def trace_forgotten(self, namespace: str) -> None:
         pass

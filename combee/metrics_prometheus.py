@@ -218,6 +218,9 @@ class PrometheusMetrics:
     def control_refused(self, reason: str) -> None:
         self._controls_refused.labels(reason).inc()
 
+    def trace_forgotten(self, namespace: str) -> None:
+        self._traces.labels(namespace, "forgotten", "").inc()
+
     # --- exposition ----------------------------------------------------------------------------------------
 
     def render(self) -> bytes:

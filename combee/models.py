@@ -45,6 +45,7 @@ __all__ = [
     "Trace",
     "UpdateOp",
     "normalise_section",
+    "one_line",
     "validate_namespace",
 ]
 
@@ -107,16 +108,33 @@ def normalise_section(section: str) -> str:
     return slug or GENERAL_SECTION
 
 
-# Every control character but newline, tab and carriage return, and DEL.
-_CONTROL_CHARS_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Every C0 control character but newline and tab, DEL, and every C1 control character (U+0080-U+009F: a terminal
+# reads U+009B as CSI, the start of an escape sequence, just as it reads ESC [). Carriage return is dropped too: on
+# a terminal it rewinds the line, so the text after it would overwrite what a reader was shown.
+_CONTROL_CHARS_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# The same and newline and tab: for one-line fields (ids, kinds, metadata), which a log line prints whole.
+_LINE_CONTROL_CHARS_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _no_control_chars(text: str) -> str:
     # Newlines and tabs are fine in free text; other control characters are dropped, not rejected, so a trace
-    # copied from a terminal still validates. They would otherwise end up in prompts and in Redis. (A regular
-    # expression: every string of every envelope passes here, and a per-character loop was a tenth of a
-    # worker's CPU.)
+    # copied from a terminal still validates. They would otherwise end up in prompts, in Redis, in logs and on
+    # terminals (`combee prompt diff`). (A regular expression: every string of every envelope passes here, and a
+    # per-character loop was a tenth of a worker's CPU.)
     return _CONTROL_CHARS_RE.sub("", text) if _CONTROL_CHARS_RE.search(text) else text
+
+
+def one_line(text: str) -> str:
+    """``text`` without any control character, newline and tab included (ids, step kinds, metadata; and text read
+    back from a store that may predate these rules)."""
+    return _LINE_CONTROL_CHARS_RE.sub("", text) if _LINE_CONTROL_CHARS_RE.search(text) else text
+
+
+def _one_line_id(text: str) -> str:
+    text = one_line(text)
+    if not text:
+        raise ValueError("holds nothing but control characters")
+    return text
 
 
 def _lesson_text(v: str) -> str:
@@ -136,7 +154,12 @@ BulletId = Annotated[str, StringConstraints(pattern=r"^b\d{5,9}$")]
 LessonText = Annotated[
     str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars), AfterValidator(_lesson_text)
 ]
-TraceId = Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars)]
+# A trace id: one line, control characters dropped (it is logged and shown as a bullet's source).
+TraceId = Annotated[
+    str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars), AfterValidator(_one_line_id)
+]
+# Free text of a trace (task, output, step content, feedback): newlines and tabs kept, other control chars dropped.
+FreeText = AfterValidator(_no_control_chars)
 # The traces whose reflections taught an operation (or a bullet), in first-cited order, without repeats.
 Sources = Annotated[tuple[TraceId, ...], Field(max_length=LIMITS.sources_per_op), AfterValidator(
     lambda v: tuple(dict.fromkeys(v))
@@ -156,13 +179,8 @@ class _Frozen(BaseModel):
 class Step(_Frozen):
     """One step of an agent's trajectory (a thought, an action, a tool result, ...)."""
 
-    kind: Annotated[str, StringConstraints(min_length=1, max_length=32)] = "step"
-    content: Annotated[str, StringConstraints(max_length=LIMITS.step_chars)]
-
-    @field_validator("content")
-    @classmethod
-    def _clean(cls, v: str) -> str:
-        return _no_control_chars(v)
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=32), AfterValidator(_one_line_id)] = "step"
+    content: Annotated[str, StringConstraints(max_length=LIMITS.step_chars), FreeText]
 
 
 class Feedback(_Frozen):
@@ -170,12 +188,13 @@ class Feedback(_Frozen):
 
     score: float | None = Field(default=None, allow_inf_nan=False)
     success: bool | None = None
-    ground_truth: Annotated[str, StringConstraints(max_length=LIMITS.ground_truth_chars)] | None = None
-    message: Annotated[str, StringConstraints(max_length=LIMITS.feedback_chars)] | None = None
+    ground_truth: Annotated[str, StringConstraints(max_length=LIMITS.ground_truth_chars), FreeText] | None = None
+    message: Annotated[str, StringConstraints(max_length=LIMITS.feedback_chars), FreeText] | None = None
 
 
+MetadataKey = Annotated[str, StringConstraints(max_length=LIMITS.metadata_key_chars), AfterValidator(one_line)]
 MetadataValue = (
-    Annotated[str, StringConstraints(max_length=LIMITS.metadata_value_chars)]
+    Annotated[str, StringConstraints(max_length=LIMITS.metadata_value_chars), AfterValidator(one_line)]
     | int
     | Annotated[float, Field(allow_inf_nan=False)]
     | bool
@@ -192,17 +211,15 @@ class Trace(_Frozen):
     """
 
     schema_version: Literal[1] = 1
-    trace_id: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars)]
+    trace_id: TraceId
     namespace: Namespace
-    task: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.task_chars)]
+    task: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.task_chars), FreeText]
     steps: tuple[Step, ...] = Field(default=(), max_length=LIMITS.max_steps)
-    output: Annotated[str, StringConstraints(max_length=LIMITS.output_chars)] = ""
+    output: Annotated[str, StringConstraints(max_length=LIMITS.output_chars), FreeText] = ""
     feedback: Feedback = Field(default_factory=Feedback)
     playbook_version: int | None = Field(default=None, ge=0)
     bullet_ids: tuple[BulletId, ...] = Field(default=(), max_length=LIMITS.bullet_ids_used)
-    metadata: dict[Annotated[str, StringConstraints(max_length=LIMITS.metadata_key_chars)], MetadataValue] = Field(
-        default_factory=dict, max_length=LIMITS.metadata_items
-    )
+    metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=LIMITS.metadata_items)
     created_at: datetime | None = None
 
     @model_validator(mode="before")
@@ -229,11 +246,6 @@ class Trace(_Frozen):
         except InvalidNamespace as exc:
             raise ValueError(str(exc)) from None
 
-    @field_validator("task", "output")
-    @classmethod
-    def _clean_text(cls, v: str) -> str:
-        return _no_control_chars(v)
-
 
 class Tag(enum.StrEnum):
     HELPFUL = "helpful"
@@ -256,9 +268,9 @@ class Insight(_Frozen):
 class Reflection(_Frozen):
     """The reflector's reading of one trace, computed against playbook version ``base_version``."""
 
-    trace_id: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars)]
+    trace_id: TraceId
     base_version: int = Field(ge=0)
-    diagnosis: Annotated[str, StringConstraints(max_length=LIMITS.diagnosis_chars)] = ""
+    diagnosis: Annotated[str, StringConstraints(max_length=LIMITS.diagnosis_chars), FreeText] = ""
     insights: tuple[Insight, ...] = Field(default=(), max_length=LIMITS.insights_per_reflection)
     tags: tuple[BulletTag, ...] = Field(default=(), max_length=LIMITS.tags_per_reflection)
 
@@ -275,7 +287,8 @@ class Bullet(_Frozen):
 
     id: BulletId
     section: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.section_chars)]
-    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars)]
+    # Cleaned again here: a playbook may be read back from a snapshot written before these rules (or tampered).
+    content: Annotated[str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars), FreeText]
     helpful: int = Field(default=0, ge=0)
     harmful: int = Field(default=0, ge=0)
     created: Provenance

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from combee.errors import CombeeError, ConfigError
-from combee.models import Bullet, Playbook
+from combee.models import Bullet, Playbook, one_line
 
 __all__ = [
     "MAX_DIFF_VERSIONS",
@@ -114,8 +114,8 @@ def parse_provenance(meta: Mapping[str, Any] | None) -> tuple[WindowProvenance, 
         out.append(
             WindowProvenance(
                 version=item["version"],
-                window_id=window if isinstance(window, str) else None,
-                trace_ids=tuple(str(t) for t in ids) if isinstance(ids, list) else None,
+                window_id=one_line(window) if isinstance(window, str) else None,
+                trace_ids=tuple(one_line(str(t)) for t in ids) if isinstance(ids, list) else None,
             )
         )
     return tuple(out)

@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     kafka_ssl_keyfile: Path | None = None
     topic_prefix: str = "combee"
     partitions: int = Field(default=4, ge=1)
+    # How long the traces topic keeps a trace (its retention.ms when the topic is created): -1 keeps them forever
+    # (replay can relearn from the first trace); a bound is how long a trace, personal data included, survives.
+    traces_retention_ms: int = Field(default=-1, ge=-1)
     # Copies of every topic Combee creates (its own and Faust's), and how many must have a write before the
     # broker acknowledges it (producers use acks=all). 1 suits a single broker; on a cluster of 3, 3 and 2
     # survive the loss of any one broker with nothing lost. None leaves min.insync.replicas to the broker.

@@ -169,7 +169,11 @@ def method_config(settings: Settings, method: str, group_factor: float = 1.0) ->
 
 def build_topics(settings: Settings) -> Topics:
     """Combee's topics under the settings' prefix and partition count."""
-    return Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    return Topics(
+        prefix=settings.topic_prefix,
+        partitions=settings.partitions,
+        traces_retention_ms=settings.traces_retention_ms,
+    )
 
 
 def build_store(settings: Settings) -> RedisPromptStore:

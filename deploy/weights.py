@@ -1,11 +1,14 @@
 """The local model's weights: GGUF parts from the ``llm`` extra's packages, assembled into one verified file.
 
-Standard library only; the weight packages are imported when used."""
+Standard library only. The weight packages are never imported: their code (``get_part_path()``) would run before
+anything was checked. Each part is found as a file in the package's installed file list (its RECORD), the
+package's version is checked against the pinned one, and the parts are read as bytes, concatenated and hashed;
+only a file with the pinned sha256 is ever handed to llama.cpp."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -46,8 +49,8 @@ class LLMDeployError(DeployError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GGUF file shipped in ``parts`` PyPI packages whose modules are ``<module_prefix><i>`` (i = 1..parts),
-    each with ``get_part_path()``; their concatenation in order must have ``sha256``."""
+    """A GGUF file shipped in ``parts`` PyPI packages ``<module_prefix><i>`` (i = 1..parts, at ``version`` when
+    given), each holding one data file ``<module>/data/...``; their concatenation in order must have ``sha256``."""
 
     name: str
     real_name: str
@@ -55,6 +58,7 @@ class ModelSpec:
     parts: int
     sha256: str
     extra: str
+    version: str = ""
 
     def modules(self) -> list[str]:
         return [f"{self.module_prefix}{i}" for i in range(1, self.parts + 1)]
@@ -70,6 +74,7 @@ MODELS: dict[str, ModelSpec] = {
             parts=22,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             extra="llm",
+            version="0.2.0",
         ),
         ModelSpec(
             name="qwen2.5-coder-0.5b",
@@ -78,6 +83,7 @@ MODELS: dict[str, ModelSpec] = {
             parts=6,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             extra="llm-small",
+            version="0.9.0",
         ),
     )
 }
@@ -102,20 +108,43 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
-def part_paths(spec: ModelSpec, importer: Callable[[str], Any] = importlib.import_module) -> list[Path]:
-    """The part files of ``spec`` in order. Raises LLMDeployError naming the pip command if one is missing."""
+def installed_part(module_name: str) -> tuple[Path, str] | None:
+    """The one data file weight package ``module_name`` ships and the package's version, from its installed
+    metadata (the RECORD file list); None when it is not installed. The package's code is never imported or run.
+    Raises LLMDeployError when it ships no data file or several."""
+    try:
+        dist = importlib.metadata.distribution(module_name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    files = [f for f in dist.files or () if len(f.parts) >= 3 and f.parts[:2] == (module_name, "data")]
+    if len(files) != 1:
+        raise LLMDeployError(
+            f"{module_name} {dist.version} lists {len(files)} files under {module_name}/data, not one weight part: "
+            "reinstall it"
+        )
+    return Path(str(dist.locate_file(files[0]))), dist.version
+
+
+def part_paths(spec: ModelSpec, find: Callable[[str], tuple[Path, str] | None] = installed_part) -> list[Path]:
+    """The part files of ``spec`` in order, found without importing anything (see :func:`installed_part`).
+    Raises LLMDeployError naming the pip command if one is missing, or naming the package if its version is not
+    the pinned one or its file is gone."""
     paths = []
     for module_name in spec.modules():
-        try:
-            module = importer(module_name)
-        except ImportError:
+        found = find(module_name)
+        if found is None:
             raise LLMDeployError(
-                f"the weights of {spec.name} are not installed (no module {module_name}): "
+                f"the weights of {spec.name} are not installed (no package {module_name}): "
                 f"run `{INSTALL_HINT.format(extra=spec.extra)}`"
-            ) from None
-        path = Path(module.get_part_path())
+            )
+        path, version = found
+        if spec.version and version != spec.version:
+            raise LLMDeployError(
+                f"{module_name} is version {version}, not the pinned {spec.version}: "
+                f"run `{INSTALL_HINT.format(extra=spec.extra)}`"
+            )
         if not path.is_file():
-            raise LLMDeployError(f"{module_name}.get_part_path() names {path}, which is missing: reinstall it")
+            raise LLMDeployError(f"{module_name} lists {path}, which is missing: reinstall it")
         paths.append(path)
     return paths
 

@@ -91,7 +91,12 @@ def preview(raw: bytes | None) -> str:
         text = head.decode("utf-8")
     except UnicodeDecodeError:
         return "base64:" + base64.b64encode(head).decode("ascii")
-    return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
+    return _printable(text)
+
+
+def _printable(text: str, keep: str = "\n\t") -> str:
+    """``text`` with every non-printable character but ``keep`` written as an escape (``\\x1b``), never raw."""
+    return "".join(c if c.isprintable() or c in keep else f"\\x{ord(c):02x}" for c in text)
 
 
 def dead_letter(
@@ -99,7 +104,7 @@ def dead_letter(
 ) -> DeadLetter:
     key_text = None
     if key is not None:
-        key_text = key.decode("utf-8", "backslashreplace")[:256]
+        key_text = _printable(key.decode("utf-8", "backslashreplace"), keep="")[:256]
     return DeadLetter(
         stage=stage,
         reason=reason[:500],

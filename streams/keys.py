@@ -11,6 +11,7 @@ Cluster slot and the atomic publish script can touch them together.
 ``<prefix>:{<ns>}:status``    string: JSON status of the learner for the namespace (``combee status``)
 ``<prefix>:namespaces``       set of namespaces ever published
 ``<prefix>:seen``             set of namespaces a worker has received a trace of (published or not yet)
+``<prefix>:forget``           set of forget rules (JSON: namespace and/or producer) learning must honour
 ``<prefix>:health``           hash: worker id -> JSON health report of that worker's dependencies (LLM endpoint,
                               embeddings endpoint, Kafka, Redis; ``combee status``, ``combee ui``)
 """
@@ -53,6 +54,10 @@ class RedisKeys:
     @property
     def seen(self) -> str:
         return f"{self.prefix}:seen"
+
+    @property
+    def forget(self) -> str:
+        return f"{self.prefix}:forget"
 
     @property
     def health(self) -> str:

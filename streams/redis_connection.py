@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import unquote
 
 import redis
 import redis.asyncio
@@ -23,7 +22,7 @@ from pydantic import SecretStr
 from redis.backoff import ExponentialWithJitterBackoff
 
 from combee.errors import ConfigError
-from combee.redaction import URL_CREDENTIALS, redact, redact_url
+from combee.redaction import URL_CREDENTIALS, redact, redact_url, url_secrets
 
 if TYPE_CHECKING:
     from combee.settings import Settings
@@ -122,10 +121,7 @@ class RedisOptions:
         out: list[str] = []
         if self.password is not None and self.password.get_secret_value():
             out.append(self.password.get_secret_value())
-        m = URL_CREDENTIALS.search(self.url)
-        if m and ":" in m.group("creds"):
-            raw = m.group("creds").split(":", 1)[1]
-            out.extend(s for s in {raw, unquote(raw)} if s)
+        out.extend(url_secrets(self.url))
         return tuple(out)
 
     def client_kwargs(

@@ -389,6 +389,10 @@ class RedisPromptStore(PromptStore):
             report.setdefault("worker", worker)
         return sorted(entries.values(), key=lambda r: -(_float_or_zero(r.get("updated_at"))))
 
+    async def forget_rules(self) -> set[bytes]:
+        """The stored forget rules, raw (``combee.forget.parse_rules`` reads them)."""
+        return cast(set[bytes], await self._call(cast(Awaitable[Any], self._redis.smembers(self.keys.forget))))
+
     async def seen_namespaces(self) -> list[str]:
         """Every namespace a worker has received traces of, sorted (published or not)."""
         members = await self._call(cast(Awaitable[Any], self._redis.smembers(self.keys.seen)))

@@ -8,11 +8,15 @@ then map, curate, merge and apply them exactly as live windows.
 With ``windows="logged"`` the windows are cut where the source's were (read from the deltas log) and keep
 the source's shuffle seeds, so with the same model answers (the response cache) the replay reproduces the
 source's playbook; traces outside any logged window get fresh windows of ``batch_size``.
+
+Traces a forget rule names (``combee traces forget``, :mod:`combee.forget`) are left out: a replay is how a
+namespace is relearned without them. A logged window that held one is cut afresh.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,6 +24,7 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from combee.errors import CombeeError, ConfigError
+from combee.forget import ForgetRule, forgotten
 from combee.models import Trace, validate_namespace
 from combee.plan import window_id
 from combee.settings import Settings
@@ -40,6 +45,7 @@ class ReplayReport:
     traces: int
     windows: int
     windows_from_log: int
+    forgotten: int = 0  # traces of the namespace left out because a forget rule names them
 
 
 def _start_offset(consumer: KafkaConsumer, tp: TopicPartition, start: str) -> int:
@@ -76,8 +82,10 @@ def replay(
     start: str = "earliest",
     batch_size: int | None = None,
     windows: str = "logged",
+    rules: Sequence[ForgetRule] = (),
 ) -> ReplayReport:
-    """Offer ``namespace``'s traces from ``start`` to the end offset seen now as windows of ``into``."""
+    """Offer ``namespace``'s traces from ``start`` to the end offset seen now as windows of ``into``, leaving out
+    every trace one of ``rules`` names."""
     validate_namespace(namespace)
     validate_namespace(into)
     if into == namespace:
@@ -92,12 +100,17 @@ def replay(
         end = int(consumer.end_offsets([tp])[tp])
         first = _start_offset(consumer, tp, start)
         traces: dict[int, Trace] = {}
+        left_out = 0
         for msg in _read(consumer, tp, first, end):
             try:
                 trace = decode_trace(msg.value, msg.key)
             except CodecError:
                 continue  # the live pipeline dead-lettered it too
-            if trace.namespace == namespace:
+            if trace.namespace != namespace:
+                continue
+            if forgotten(trace, rules):
+                left_out += 1
+            else:
                 traces[msg.offset] = trace
         logged: list[DeltaRecord] = []
         if windows == "logged":
@@ -110,7 +123,10 @@ def replay(
     finally:
         consumer.close()
     if not traces:
-        raise CombeeError(f"no traces of {namespace!r} in {topics.traces}[{part}] from offset {first} to {end - 1}")
+        also = f" ({left_out} forgotten)" if left_out else ""
+        raise CombeeError(
+            f"no traces of {namespace!r}{also} in {topics.traces}[{part}] from offset {first} to {end - 1}"
+        )
     size = batch_size or settings.bs_default
     plan = _cut(traces, logged, size, namespace, part)
     source = f"replay:{namespace}:p{part}"
@@ -140,6 +156,7 @@ def replay(
         traces=len(traces),
         windows=len(plan),
         windows_from_log=sum(1 for _, key in plan if not key.startswith("fresh:")),
+        forgotten=left_out,
     )
 
 

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 from aiokafka.partitioner import murmur2
 
+from combee.models import LIMITS
+
 __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_PREFIX",
     "MAX_MESSAGE_BYTES",
+    "TRACES_MAX_MESSAGE_BYTES",
     "TopicSpec",
     "Topics",
     "partition_for",
@@ -30,6 +33,11 @@ DEFAULT_PARTITIONS = 4
 
 # A window envelope carries its traces (up to bs_max of them): allow 8 MiB records on Combee's topics.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# The traces topic takes no record larger than a trace may be (LIMITS.trace_bytes, the encoded value) plus room
+# for its key (a namespace), headers and the record batch's framing: a bigger one is refused at the producer, so
+# it never reaches the workers or the disk.
+TRACE_FRAMING_BYTES = 4 * 1024
+TRACES_MAX_MESSAGE_BYTES = LIMITS.trace_bytes + TRACE_FRAMING_BYTES
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -58,6 +66,7 @@ class Topics:
 
     prefix: str = DEFAULT_PREFIX
     partitions: int = DEFAULT_PARTITIONS
+    traces_retention_ms: int = -1  # -1: forever (COMBEE_TRACES_RETENTION_MS)
 
     @property
     def traces(self) -> str:
@@ -106,11 +115,16 @@ class Topics:
 
     def specs(self) -> list[TopicSpec]:
         big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
-        keep = {"cleanup.policy": "delete", "retention.ms": "-1", **big}  # traces stay for replay
+        keep = {"cleanup.policy": "delete", "retention.ms": "-1", **big}  # the delta log stays for replay
         week = {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000), **big}
+        traces = {
+            "cleanup.policy": "delete",
+            "retention.ms": str(self.traces_retention_ms),
+            "max.message.bytes": str(TRACES_MAX_MESSAGE_BYTES),
+        }
         p = self.partitions
         return [
-            TopicSpec(self.traces, p, keep, "namespace", "agent traces (any producer, JSON)"),
+            TopicSpec(self.traces, p, traces, "namespace", "agent traces (any producer, JSON)"),
             TopicSpec(self.windows, p, week, "namespace", "window decisions with their traces (durable handoff)"),
             TopicSpec(self.reflect, p, week, "window_id/task", "reflection tasks (a slice of a window's traces)"),
             TopicSpec(self.reflections, p, week, "namespace", "reflection tasks' answers, to the window's owner"),

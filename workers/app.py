@@ -25,6 +25,7 @@ from combee.windowing import MapState, WindowPolicy
 from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
+from streams.forget import CachedRules
 from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
@@ -105,7 +106,7 @@ def create_app(
     every ``settings.health_interval_s`` seconds and told of every LLM step's outcome; its report goes to Redis.
     """
     roles = set(roles)
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    topics = Topics(settings.topic_prefix, settings.partitions, traces_retention_ms=settings.traces_retention_ms)
     app = App(
         f"{settings.topic_prefix}-worker",
         broker=f"kafka://{settings.kafka_bootstrap}",
@@ -167,6 +168,7 @@ def create_app(
         map_table=ChangelogTable(io, topics.mapstate, topics.partitions, _map_state_decode, _map_state_encode),
         snapshots=ChangelogTable(io, topics.playbooks, topics.partitions, _snapshot_decode, _snapshot_encode),
         metrics=metrics or NoMetrics(),
+        forget_rules=CachedRules(store.forget_rules, time.monotonic),
     )
     publisher.on_published = publish_listener(ctx)
     if health is not None:

@@ -29,6 +29,7 @@ from workers.state import ChangelogTable, KafkaIO
 from workers.tenure import Tenure
 
 if TYPE_CHECKING:
+    from streams.forget import CachedRules
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
 
@@ -91,6 +92,8 @@ class StageContext:
     # told of every LLM step's outcome (the dependency named for the role, and the outage or None): the health
     # board follows an outage as soon as work meets it (workers/health.py)
     llm_outcome: Callable[[Role, BaseException | None], None] | None = None
+    # the forget rules the window stage honours (``combee traces forget``); None: no rules are read
+    forget_rules: CachedRules | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from combee.errors import InvalidNamespace
+from combee.forget import forgotten
 from combee.models import validate_namespace
 from combee.plan import window_id
 from combee.windowing import close_size
@@ -36,6 +37,10 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
     except CodecError as exc:
         await ctx.dead_letter("window", exc.reason, msg)
         ctx.metrics.trace_dead_lettered(namespace_label(msg.key), exc.kind)
+        await ctx.acks.done(event)
+        return
+    if ctx.forget_rules is not None and forgotten(trace, await ctx.forget_rules.rules()):
+        ctx.metrics.trace_forgotten(trace.namespace)  # acknowledged, never learned
         await ctx.acks.done(event)
         return
     rt = ctx.runtime(trace.namespace)

@@ -22,7 +22,7 @@ from combee.cli.base import (
     settings_from_args,
 )
 from combee.playbook import ApplyStats
-from combee.redaction import redact_url
+from combee.redaction import endpoint_url
 from combee.settings import Settings
 from combee.wiring import build_llm, build_near_duplicates, method_config
 
@@ -87,7 +87,7 @@ def metrics_document(result: Any, *, method: str, settings: Settings, extra: dic
         "skipped_groups": meter.skipped_groups,
         "merge_fallbacks": meter.merge_fallbacks,
         "dedup": meter.dedup_counts(),
-        "endpoint": redact_url(settings.openai_base_url),
+        "endpoint": endpoint_url(settings.openai_base_url),
         "models": {r.value: m for r, m in settings.models().items()},
         "method_config": {
             "p": settings.p,

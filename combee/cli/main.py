@@ -1,9 +1,9 @@
 """``combee``: the parser of every verb, and the one place a failure becomes a line on stderr and an exit status.
 
 Each verb lives in its own module of this package (``learn``, ``sim``, ``demo``, ``worker``, ``publish``,
-``prompt``, ``replay``, ``status``, ``topics``, ``ui``, ``dev``, ``llm``, ``bench``, ``task``) and registers itself
-with an ``add_<verb>_command(subparsers)``; what they share is in :mod:`combee.cli.base`. Every verb is documented in
-README.md.
+``prompt``, ``replay``, ``status``, ``topics``, ``traces``, ``ui``, ``dev``, ``llm``, ``bench``, ``task``) and
+registers itself with an ``add_<verb>_command(subparsers)``; what they share is in :mod:`combee.cli.base`. Every
+verb is documented in README.md.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from combee.cli.sim import add_sim_command
 from combee.cli.status import add_status_command
 from combee.cli.task import add_task_command
 from combee.cli.topics import add_topics_command
+from combee.cli.traces import add_traces_command
 from combee.cli.ui import add_ui_command
 from combee.cli.worker import add_worker_command
 from combee.errors import CombeeError, ConfigError, KafkaUnreachable, LLMRateLimited, LLMUnavailable, TopicMissing
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_replay_command,
         add_status_command,
         add_topics_command,
+        add_traces_command,
         add_ui_command,
         add_dev_command,
         add_llm_command,

@@ -34,6 +34,7 @@ def add_replay_command(sub: Any) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from streams.forget import read_rules
     from streams.replay import replay
 
     settings = stream_settings(args)
@@ -44,11 +45,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         start=args.start,
         batch_size=args.batch_size,
         windows=args.windows,
+        rules=read_rules(settings),
     )
     print(
         f"replaying {report.traces} traces of {args.namespace} (partition {report.partition}, offsets "
         f"{report.first_offset}..{report.end_offset - 1}) into {args.into} as {report.windows} windows "
         f"({report.windows_from_log} as logged, {report.windows - report.windows_from_log} fresh)"
+        + (f"; {report.forgotten} forgotten traces left out" if report.forgotten else "")
     )
     if not args.wait:
         return 0

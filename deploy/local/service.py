@@ -36,19 +36,28 @@ __all__ = [
     "kafka_broker_argv",
     "kafka_tool",
     "port_of",
+    "redis_argv",
+    "redis_config_text",
     "send_signal",
     "spawn",
     "start_service",
     "stop_service",
     "wait_gone",
     "wait_ready",
+    "write_private",
 ]
 
 _STOP_GRACE_S = 30.0
 
 
 def spawn(
-    state_dir: Path, name: str, argv: list[str], cwd: Path, port: int, other_ports: tuple[int, ...] = ()
+    state_dir: Path,
+    name: str,
+    argv: list[str],
+    cwd: Path,
+    port: int,
+    other_ports: tuple[int, ...] = (),
+    secrets: tuple[str | None, ...] = (),
 ) -> ProcessRecord:
     log_file = log_path(state_dir, name)
     with open(log_file, "ab") as log:
@@ -69,14 +78,21 @@ def spawn(
     info = read_proc(child.pid)
     if info is None:  # already gone
         code = child.wait()
-        raise DeployError(f"{name} exited at once (exit {code}); last lines of {log_file}:\n{tail(log_file)}")
+        raise DeployError(
+            f"{name} exited at once (exit {code}); last lines of {log_file}:\n{tail(log_file, secrets=secrets)}"
+        )
     record = ProcessRecord(name, child.pid, tuple(argv), info.start_ticks, port, info.exe or "", other_ports)
     write_record(state_dir, record)
     return record
 
 
 def wait_ready(
-    state_dir: Path, record: ProcessRecord, answering: Callable[[], bool], deadline: float, timeout_s: float
+    state_dir: Path,
+    record: ProcessRecord,
+    answering: Callable[[], bool],
+    deadline: float,
+    timeout_s: float,
+    secrets: tuple[str | None, ...] = (),
 ) -> None:
     log_file = log_path(state_dir, record.name)
     while True:
@@ -86,12 +102,13 @@ def wait_ready(
         if not is_same_process(record, read_proc(record.pid)):
             how = f"exit code {code}" if code is not None else "process gone"
             raise DeployError(
-                f"{record.name} stopped during startup ({how}); last lines of {log_file}:\n{tail(log_file)}"
+                f"{record.name} stopped during startup ({how}); last lines of {log_file}:\n"
+                f"{tail(log_file, secrets=secrets)}"
             )
         if time.monotonic() >= deadline:
             raise DeployError(
                 f"{record.name} (pid {record.pid}) did not answer on {HOST}:{record.port} within "
-                f"{timeout_s:g} s; last lines of {log_file}:\n{tail(log_file)}"
+                f"{timeout_s:g} s; last lines of {log_file}:\n{tail(log_file, secrets=secrets)}"
             )
         time.sleep(0.25)
 
@@ -215,18 +232,43 @@ def _launch_kafka(state_dir: Path, cfg: StackConfig) -> ProcessRecord:
     return spawn(state_dir, "kafka", argv, kafka_dir, cfg.kafka_port, (cfg.controller_port,))
 
 
+def redis_config_text(password: str | None) -> str:
+    """The lines of redis.conf that must not be on a command line: ``requirepass`` (every byte of the password
+    but letters and digits written as a ``\\xHH`` escape, so no password can break out of the quoted string)."""
+    if not password:
+        return "# no password: deploy.local was started without --redis-password\n"
+    quoted = "".join(chr(b) if b < 128 and chr(b).isalnum() else f"\\x{b:02x}" for b in password.encode())
+    return f'requirepass "{quoted}"\n'
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (mode 0600 from the first byte, not chmod after)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    tmp.replace(path)
+
+
+def redis_argv(binary: str, cfg: StackConfig, redis_dir: Path) -> list[str]:
+    """redis-server's command line: its secrets are in ``redis_dir/redis.conf`` (written here, mode 0600), never
+    in argv, which every local user can read in /proc and which the log records."""
+    conf = redis_dir / "redis.conf"
+    write_private(conf, redis_config_text(cfg.redis_password))
+    return [
+        binary, str(conf), "--bind", HOST, "--port", str(cfg.redis_port), "--save", "", "--appendonly", "no",
+        "--dir", str(redis_dir), "--dbfilename", "dump.rdb", "--daemonize", "no",
+    ]  # fmt: skip
+
+
 def _launch_redis(state_dir: Path, cfg: StackConfig) -> ProcessRecord:
     binary = find_redis_server()
     require_free(cfg.redis_port, "Redis")
     redis_dir = state_dir / "redis"
     redis_dir.mkdir(parents=True, exist_ok=True)
-    argv = [
-        binary, "--bind", HOST, "--port", str(cfg.redis_port), "--save", "", "--appendonly", "no",
-        "--dir", str(redis_dir), "--dbfilename", "dump.rdb", "--daemonize", "no",
-    ]  # fmt: skip
-    if cfg.redis_password:
-        argv += ["--requirepass", cfg.redis_password]
-    return spawn(state_dir, "redis", argv, redis_dir, cfg.redis_port)
+    argv = redis_argv(binary, cfg, redis_dir)
+    return spawn(state_dir, "redis", argv, redis_dir, cfg.redis_port, secrets=(cfg.redis_password,))
 
 
 def _answering(name: str, cfg: StackConfig) -> Callable[[], bool]:
@@ -243,7 +285,7 @@ def start_service(state_dir: Path, name: str, cfg: StackConfig, deadline: float,
     started = time.monotonic()
     record = _launch_kafka(state_dir, cfg) if name == "kafka" else _launch_redis(state_dir, cfg)
     try:
-        wait_ready(state_dir, record, _answering(name, cfg), deadline, timeout_s)
+        wait_ready(state_dir, record, _answering(name, cfg), deadline, timeout_s, (cfg.redis_password,))
     except BaseException:
         stop_service(state_dir, name, kill=True)
         raise
@@ -262,6 +304,6 @@ def ensure_service(state_dir: Path, name: str, cfg: StackConfig, deadline: float
             f"{name} from {state_dir} already runs on port {record.port}, not {port_of(name, cfg)}: "
             "run `python -m deploy.local down` first, or use another COMBEE_STATE_DIR"
         )
-    wait_ready(state_dir, record, _answering(name, cfg), deadline, timeout_s)
+    wait_ready(state_dir, record, _answering(name, cfg), deadline, timeout_s, (cfg.redis_password,))
     say(f"{name}: reusing pid {record.pid} on {HOST}:{record.port}")
     return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,7 +177,7 @@ def status(state_dir: Path | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"state_dir": str(state_dir)}
     if cfg is not None:
         report["kafka_version"] = cfg.kafka_version
-        report["env"] = Services(state_dir, cfg).env()
+        report["env"] = _without_password(Services(state_dir, cfg).env(), cfg.redis_password)
     names: Sequence[str] = SERVICE_NAMES
     ports: dict[str, int] = {}
     with contextlib.suppress(DeployError):
@@ -185,7 +186,7 @@ def status(state_dir: Path | None = None) -> dict[str, Any]:
             names = (*(node_name(i) for i in cluster.node_ids), "redis")
             ports = {node_name(i): cluster.client_port(i) for i in cluster.node_ids}
             report["services"] = list(names)
-            report["env"] = ClusterServices(state_dir, cluster).env()
+            report["env"] = _without_password(ClusterServices(state_dir, cluster).env(), cluster.redis_password)
     for name in names:
         record = read_record(state_dir, name)
         alive = record is not None and live_record(state_dir, name) is not None
@@ -201,6 +202,14 @@ def status(state_dir: Path | None = None) -> dict[str, Any]:
             "log": str(log_path(state_dir, name)),
         }
     return report
+
+
+def _without_password(env: dict[str, str], password: str | None) -> dict[str, str]:
+    """``env`` as `status` shows it: the Redis URL's password (``redis://:PASSWORD@``) replaced by ``***``."""
+    if not password:
+        return env
+    auth = f":{urllib.parse.quote(password, safe='')}@"
+    return {key: value.replace(auth, ":***@") for key, value in env.items()}
 
 
 def _refuse_cluster(state_dir: Path, what: str) -> None:

@@ -5,7 +5,8 @@
 
 * ``bad:…`` — the workers must dead-letter it with a reason (invalid JSON, wrong types, missing fields, wrong
   encodings, oversized, too deeply nested, control characters where JSON forbids them, too many bullet ids, …);
-* ``broker:…`` — larger than the topic's ``max.message.bytes`` (8 MiB): the BROKER refuses it, so it never
+* ``broker:…`` — larger than the traces topic's ``max.message.bytes`` (the 256 KiB trace limit plus 4 KiB for
+  the key, headers and batch framing): the BROKER refuses it, so it never
   reaches Combee; the suite counts it as "refused by the broker", not lost;
 * ``safe:…`` — valid traces with hostile content (prompt injection, control characters that are cleaned, the
   maximum number of bullet ids, a record just under the size limit, astronomically large numbers): they must
@@ -111,8 +112,8 @@ def _bad(ns: str, i: int, rng: random.Random) -> Iterator[tuple[str, bytes | Non
         yield "bullets:too-many", k, _j({**base, "bullet_ids": [f"b{j:05d}" for j in range(513 + i % 50)]})
         yield "bullets:malformed", k, _j({**base, "bullet_ids": [f"x{j}" for j in range(5)] + ["b1", "' OR 1=1"]})
         yield "bullets:way-too-many", k, _j({**base, "bullet_ids": [f"b{j:09d}" for j in range(30_000)]})
-    elif kind == 10:  # over the 256 KiB trace limit (the broker takes them; the workers refuse them)
-        size = rng.choice([300 * 1024, 1 * MiB, 3 * MiB]) if i % 100 == 10 else 260 * 1024 + i
+    elif kind == 10:  # just over the 256 KiB trace limit, within the topic's framing room: the workers refuse them
+        size = 256 * 1024 + i % 1024
         yield "oversized:over-trace-limit", k, _j({**base, "task": "x" * size})
     elif kind == 11:  # limits of the fields
         yield "limits:task-too-long", k, _j({**base, "task": "t" * 8_001})
@@ -208,9 +209,10 @@ def hostile_corpus(namespaces: list[str], *, bad: int = 1_050, safe_rounds: int 
     for j in range(safe_rounds):
         ns = namespaces[j % len(namespaces)]
         out.extend(Record(k, v, f"safe:{c}") for c, k, v in _safe(ns, j))
-    for j in range(3):  # 10 MB: over the topic's 8 MiB max.message.bytes
+    for j, (size, label) in enumerate([(300 * 1024, "300KB"), (3 * MiB, "3MB"), (10 * MiB, "10MB")]):
+        # over the traces topic's max.message.bytes (the trace limit plus framing room)
         ns = namespaces[j % len(namespaces)]
-        out.append(Record(ns.encode(), _j({**_base(ns, 80_000 + j), "task": "z" * (10 * MiB)}), "broker:10MB"))
+        out.append(Record(ns.encode(), _j({**_base(ns, 80_000 + j), "task": "z" * size}), f"broker:{label}"))
     rng.shuffle(out)
     return out
 

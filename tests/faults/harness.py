@@ -41,7 +41,7 @@ from combee.models import Playbook
 from combee.sim.config import SimConfig
 from combee.sim.runner import SimProcess
 from streams.keys import RedisKeys
-from streams.topics import Topics
+from streams.topics import TRACES_MAX_MESSAGE_BYTES, Topics
 from tests.faults.stack import PrivateStack
 from tests.support import wait_until
 
@@ -164,9 +164,9 @@ class Producer:
 
     ``idempotent`` (default) keeps the producer's own retries from duplicating records across a broker
     restart, as any careful agent-side producer would be configured. Records larger than the broker's
-    limit are sent by a second, non-idempotent producer whose client-side limit is higher than the
-    broker's, so that it is the BROKER that refuses them (and the idempotent producer's sequence is not
-    disturbed by a refused batch).
+    limit (the traces topic's max.message.bytes) are sent by a second, non-idempotent producer whose
+    client-side limit is higher than the broker's, so that it is the BROKER that refuses them (and the
+    idempotent producer's sequence is not disturbed by a refused batch).
     """
 
     BIG = 1024 * 1024
@@ -197,7 +197,9 @@ class Producer:
         sent = Sent(record)
         with self._lock:
             self.sent.append(sent)
-        big = len(record.value or b"") > self.BIG
+        big = (
+            len(record.value or b"") > TRACES_MAX_MESSAGE_BYTES
+        )  # the broker refuses it: keep it off the idempotent one
         producer = self._big_producer() if big else self._small
         future = producer.send(self.topic, key=record.key, value=record.value)
 

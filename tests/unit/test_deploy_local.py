@@ -19,7 +19,18 @@ from pathlib import Path
 import pytest
 
 from deploy import local
-from deploy.local import ProcessRecord, ProcInfo, StackConfig, cli, config, ports, process, readiness, service
+from deploy.local import (
+    ProcessRecord,
+    ProcInfo,
+    StackConfig,
+    binaries,
+    cli,
+    config,
+    ports,
+    process,
+    readiness,
+    service,
+)
 
 # --------------------------------------------------------------------------------------------------------
 # /proc parsing and process identity
@@ -332,6 +343,7 @@ def test_fetch_kafka_uses_the_cache_without_maven(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setenv("COMBEE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", "/nonexistent")  # no mvn
+    monkeypatch.setattr(binaries, "jar_manifest", lambda version: {})  # 9.9.9 has no pinned jars: none expected
     pom_hash = hashlib.sha256((config.DEPLOY_DIR / "pom.xml").read_bytes()).hexdigest()
     lib = tmp_path / "kafka-9.9.9" / f"lib-{pom_hash[:12]}"  # one directory per POM: no checkout replaces another's
     lib.mkdir(parents=True)
