@@ -25,21 +25,29 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from combee.models import LIMITS, AddOp, Bullet, DeltaOp, Playbook, Reflection, RemoveOp, UpdateOp
 
 __all__ = [
+    "CARRIED_WINDOWS",
     "EVIDENCE_KEY",
     "EVIDENCE_PER_VERSION",
     "LESSONS_PER_OP",
     "LESSON_CHARS",
     "Explanation",
     "Lesson",
+    "LessonLine",
     "OpEvidence",
     "Outcome",
+    "carry_evidence",
+    "evidence_entry",
     "explain_delta",
-    "parse_explanation",
+    "parse_explanations",
     "window_lessons",
 ]
 
 EVIDENCE_KEY = "evidence"
-"""The key of a published version's ``meta`` that holds its :class:`Explanation` (JSON)."""
+"""The key of a published version's ``meta`` that lists the :class:`Explanation` of every window it covers
+(JSON; one, unless the publisher carried superseded versions' into it, :func:`carry_evidence`)."""
+
+CARRIED_WINDOWS = 32
+"""Most windows' evidence one published version carries (the newest; older superseded ones are dropped)."""
 
 LESSON_CHARS = 240
 """A lesson is quoted up to this many characters (an ellipsis marks a cut)."""
@@ -89,8 +97,10 @@ class OpEvidence(_Frozen):
 
 
 class Explanation(_Frozen):
-    """The evidence of one version's window: one entry per operation (at most :data:`EVIDENCE_PER_VERSION`)."""
+    """The evidence of the window that made ``version``: one entry per operation (at most
+    :data:`EVIDENCE_PER_VERSION`)."""
 
+    version: int = Field(ge=0)
     ops: tuple[OpEvidence, ...] = Field(default=(), max_length=EVIDENCE_PER_VERSION)
     omitted: int = Field(default=0, ge=0)
 
@@ -194,15 +204,30 @@ def explain_delta(
             wording = was.content if was is not None else ""
         lessons_of = _lessons_for(op.sources, wording, lessons)
         out.append(OpEvidence(op=kind, outcome=outcome, bullet_id=bullet_id, sources=op.sources, lessons=lessons_of))
-    return Explanation(ops=tuple(out), omitted=max(0, len(final) - EVIDENCE_PER_VERSION))
+    return Explanation(version=after.version, ops=tuple(out), omitted=max(0, len(final) - EVIDENCE_PER_VERSION))
 
 
-def parse_explanation(meta: Mapping[str, Any] | None) -> Explanation | None:
-    """The evidence a published version's ``meta`` holds; None when it has none or it is malformed."""
+def evidence_entry(explanation: Explanation) -> list[dict[str, Any]]:
+    """``meta[EVIDENCE_KEY]`` of the version ``explanation`` made (JSON-ready)."""
+    return [explanation.model_dump(mode="json")]
+
+
+def carry_evidence(superseded: Mapping[str, Any] | None, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with a superseded (never published) version's evidence in front of its own, the newest
+    :data:`CARRIED_WINDOWS` kept: the version that is published explains every window it covers."""
+    older, own = (superseded or {}).get(EVIDENCE_KEY), meta.get(EVIDENCE_KEY)
+    if not isinstance(older, list) or not isinstance(own, list):
+        return meta
+    return {**meta, EVIDENCE_KEY: [*older, *own][-CARRIED_WINDOWS:]}
+
+
+def parse_explanations(meta: Mapping[str, Any] | None) -> tuple[Explanation, ...]:
+    """The evidence a published version's ``meta`` holds, oldest window first; malformed entries are skipped."""
     raw = (meta or {}).get(EVIDENCE_KEY)
-    if not isinstance(raw, dict):
-        return None
-    try:
-        return Explanation.model_validate(raw)
-    except ValidationError:
-        return None
+    out: list[Explanation] = []
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            out.append(Explanation.model_validate(item))
+        except ValidationError:
+            continue
+    return tuple(out)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from combee.evidence import (
+    CARRIED_WINDOWS,
     EVIDENCE_KEY,
     LESSON_CHARS,
     LESSONS_PER_OP,
     Explanation,
+    carry_evidence,
+    evidence_entry,
     explain_delta,
-    parse_explanation,
+    parse_explanations,
     window_lessons,
 )
 from combee.models import AddOp, Bullet, Delta, DeltaOp, Insight, Playbook, Provenance, Reflection, RemoveOp, UpdateOp
@@ -114,9 +117,26 @@ def test_lessons_per_operation_are_bounded_and_distinct_but_every_trace_id_is_ke
     assert [x.trace_id for x in e.lessons] == ["t0", "t2", "t3"]  # t1 said what t0 said
 
 
-def test_parse_explanation_round_trips_and_refuses_what_is_not_one() -> None:
+def test_evidence_round_trips_through_meta_and_malformed_entries_are_skipped() -> None:
     ops: list[DeltaOp] = [AddOp(section="rates", content="state the period", sources=("t1",))]
     got = explain(ops, ops)
-    assert parse_explanation({EVIDENCE_KEY: got.model_dump(mode="json")}) == got
-    assert parse_explanation({EVIDENCE_KEY: {"ops": [{"op": "PATCH"}]}}) is None
-    assert parse_explanation({}) is None and parse_explanation(None) is None
+    assert got.version == 2
+    assert parse_explanations({EVIDENCE_KEY: evidence_entry(got)}) == (got,)
+    assert parse_explanations({EVIDENCE_KEY: [{"version": 3, "ops": [{"op": "PATCH"}]}, *evidence_entry(got)]}) == (
+        got,
+    )
+    assert parse_explanations({}) == () and parse_explanations(None) == ()
+    assert parse_explanations({EVIDENCE_KEY: {"not": "a list"}}) == ()
+
+
+def test_a_superseded_versions_evidence_is_carried_into_the_published_one_and_bounded() -> None:
+    def meta(v: int) -> dict[str, object]:
+        return {EVIDENCE_KEY: evidence_entry(Explanation(version=v))}
+
+    carried = meta(1)
+    for v in range(2, CARRIED_WINDOWS + 5):
+        carried = carry_evidence(carried, meta(v))
+    kept = [e.version for e in parse_explanations(carried)]
+    assert kept == list(range(5, CARRIED_WINDOWS + 5))  # the newest windows, oldest first
+    assert carry_evidence(None, meta(2)) == meta(2)
+    assert carry_evidence(meta(1), {"bullets": 3}) == {"bullets": 3}
