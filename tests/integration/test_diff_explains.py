@@ -1,0 +1,104 @@
+"""``combee prompt diff`` explains itself (issue 28, item 1), end to end on the real Kafka and Redis: SIMULATED
+traces learned by a worker, then the diff of the first version names, per bullet, only the traces whose
+reflections taught it (the operations' sources the combiner logged), the operation and a lesson — not the
+whole window.
+
+It also measures what a user reads: the sizes of the short, ``--full`` and ``--json`` diffs, and — when
+``COMBEE_DIFF_BEFORE_ROOT`` names a checkout of the code before this change — that checkout's
+``combee prompt diff`` over the same Redis data, into ``var/test-artifacts/diff/diff-size.json`` (one run's
+is docs/results/diff-size.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from combee.sim.world import insight_keys_in
+from tests.integration.pipeline import Pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "var" / "test-artifacts" / "diff"
+NS = "demo"
+TRACES = 200
+
+
+def prompt_diff(pipe: Pipeline, *args: str, root: Path = ROOT) -> str:
+    env = {**pipe.env(), "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "combee.cli", "prompt", "diff", NS, *args], env=env, cwd=root, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_diff_names_per_bullet_only_the_traces_that_taught_it(pipe: Pipeline) -> None:
+    traces, _ = pipe.traces(TRACES, 1, NS, "formula")
+    rule_of = {t["trace_id"]: set(insight_keys_in(json.dumps(t))) for t in traces}
+    pipe.start_worker()
+    pipe.publish_traces(traces, pace_s=0.005)
+    pipe.wait_learned({NS: TRACES})
+    first = pipe.deltas(NS)[0]
+    window = set(first.trace_ids)
+    taught = {}  # bullet id -> the traces the logged operations on it cite (what the curators said)
+    assert first.evidence is not None
+    for e in first.evidence.ops:
+        taught.setdefault(e.bullet_id, set()).update(e.sources)
+
+    doc = json.loads(prompt_diff(pipe, "--from", "0", "--to", "1", "--json"))
+    changes = doc["changes"]
+    assert changes and all(c["kind"] == "added" and c["from_evidence"] for c in changes)
+    for c in changes:
+        named = set(c["traces"])
+        assert named and named <= window
+        assert named == taught[c["bullet_id"]]
+        assert named < window  # not the whole window
+        bullet_rules = set(insight_keys_in(c["after"]))
+        # the SIMULATED reflector teaches a trace's own rule: the traces named carry the bullet's rule
+        assert all(rule_of[t] & bullet_rules for t in named), (c["after"], {t: rule_of[t] for t in named})
+        for t in c["why"]:
+            assert t["op"] == "ADD" and t["version"] == 1
+            assert all(q["trace_id"] in named for q in t["lessons"])
+    assert any(t["lessons"] for c in changes for t in c["why"])
+
+    short = prompt_diff(pipe, "--from", "0", "--to", "1")
+    full = prompt_diff(pipe, "--from", "0", "--to", "1", "--full")
+    assert len(short.splitlines()) == 1 + 2 * len(changes)
+    for c in changes:
+        assert all(t in full for t in c["traces"])
+    _record(pipe, short, full, json.dumps(doc), len(changes), len(window))
+
+
+def _record(pipe: Pipeline, short: str, full: str, as_json: str, bullets: int, window: int) -> None:
+    sizes = {"short": len(short.encode()), "full": len(full.encode()), "json": len(as_json.encode())}
+    result = {
+        "command": f"combee prompt diff {NS} --from 0 --to 1 (SIMULATED traces, tests/integration/test_diff_explains.py)",
+        "bullets": bullets,
+        "traces_in_window": window,
+        "bytes_after": sizes,
+        "entry_after": "\n".join(short.splitlines()[1:3]),
+        "entry_after_full": _entry(full),
+    }
+    before_root = os.environ.get("COMBEE_DIFF_BEFORE_ROOT")
+    if before_root:
+        before = prompt_diff(pipe, "--from", "0", "--to", "1", root=Path(before_root))
+        result["bytes_before"] = len(before.encode())
+        result["entry_before"] = "\n".join(before.splitlines()[1:3])
+        result["before_root"] = before_root
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "diff-size.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+
+
+def _entry(full: str) -> str:
+    """The first bullet's lines of a ``--full`` diff."""
+    lines = full.splitlines()[1:]
+    end = next((i for i, line in enumerate(lines[1:], start=1) if not line.startswith(" ")), len(lines))
+    return "\n".join(lines[:end])
