@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from combee.errors import ConfigError
+from combee.evidence import EVIDENCE_KEY, Explanation, evidence_entry, parse_explanations
 from combee.models import Bullet, Playbook, Provenance
 from combee.promptdiff import (
     PROVENANCE_KEY,
@@ -146,9 +147,11 @@ def test_the_publisher_carries_superseded_windows_into_the_version_it_publishes(
         store = _Store()
         pub = LatestVersionPublisher(store)
         for v in (1, 2, 3):
-            pub.offer(
-                "ns", v, "p", "{}", window_id=f"w{v}", meta={PROVENANCE_KEY: [provenance_entry(v, f"w{v}", [f"t{v}"])]}
-            )
+            meta = {
+                PROVENANCE_KEY: [provenance_entry(v, f"w{v}", [f"t{v}"])],
+                EVIDENCE_KEY: evidence_entry(Explanation(version=v)),
+            }
+            pub.offer("ns", v, "p", "{}", window_id=f"w{v}", meta=meta)
         await pub.run(until_idle=True)
         return store.published
 
@@ -157,6 +160,7 @@ def test_the_publisher_carries_superseded_windows_into_the_version_it_publishes(
     meta = published[0][1]
     assert meta is not None
     assert [p.version for p in parse_provenance(meta)] == [1, 2, 3]
+    assert [e.version for e in parse_explanations(meta)] == [1, 2, 3]  # and their evidence
 
 
 def test_the_span_of_a_diff_defaults_to_the_previous_published_version_and_the_current_one() -> None:
