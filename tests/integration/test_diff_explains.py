@@ -22,19 +22,19 @@ import pytest
 from combee.sim.world import insight_keys_in
 from tests.integration.pipeline import Pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]  # five CLI runs besides
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "diff"
 NS = "demo"
-TRACES = 200
+TRACES = 160
 
 
 def prompt_diff(pipe: Pipeline, *args: str, root: Path = ROOT) -> str:
     env = {**pipe.env(), "PYTHONPATH": str(root)}
     done = subprocess.run(
         [sys.executable, "-m", "combee.cli", "prompt", "diff", NS, *args], env=env, cwd=root, capture_output=True,
-        text=True, timeout=120, check=False,
+        text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -43,6 +43,7 @@ def prompt_diff(pipe: Pipeline, *args: str, root: Path = ROOT) -> str:
 def test_the_diff_names_per_bullet_only_the_traces_that_taught_it(pipe: Pipeline) -> None:
     traces, _ = pipe.traces(TRACES, 1, NS, "formula")
     rule_of = {t["trace_id"]: set(insight_keys_in(json.dumps(t))) for t in traces}
+    pipe.create_topics()
     pipe.start_worker()
     pipe.publish_traces(traces, pace_s=0.005)
     pipe.wait_learned({NS: TRACES})
