@@ -81,7 +81,8 @@ def test_the_diff_names_per_bullet_only_the_traces_that_taught_it(pipe: Pipeline
 def _record(pipe: Pipeline, short: str, full: str, as_json: str, bullets: int, window: int) -> None:
     sizes = {"short": len(short.encode()), "full": len(full.encode()), "json": len(as_json.encode())}
     result = {
-        "command": f"combee prompt diff {NS} --from 0 --to 1 (SIMULATED traces, tests/integration/test_diff_explains.py)",
+        "command": f"combee prompt diff {NS} --from 0 --to 1",
+        "how": "tests/integration/test_diff_explains.py: SIMULATED traces learned by a worker on real Kafka and Redis",
         "bullets": bullets,
         "traces_in_window": window,
         "bytes_after": sizes,
