@@ -21,8 +21,9 @@ import pytest
 
 from combee.sim.world import insight_keys_in
 from tests.integration.pipeline import Pipeline
+from tests.support import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]  # five CLI runs besides
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]  # five CLI runs besides
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "diff"
@@ -46,7 +47,7 @@ def test_the_diff_names_per_bullet_only_the_traces_that_taught_it(pipe: Pipeline
     pipe.create_topics()
     pipe.start_worker()
     pipe.publish_traces(traces, pace_s=0.005)
-    pipe.wait_learned({NS: TRACES})
+    wait_until(lambda: pipe.current_version(NS) >= 1, 900, "the first window learned", poll_s=2.0)  # all we compare
     first = pipe.deltas(NS)[0]
     window = set(first.trace_ids)
     taught = {}  # bullet id -> the traces the logged operations on it cite (what the curators said)
