@@ -283,6 +283,10 @@ def _ids(ids: Sequence[str], cap: int | None) -> str:
     return (", ".join(shown) or "-") + more
 
 
+def _count(n: int) -> str:
+    return f"{n} trace" if n == 1 else f"{n} traces"
+
+
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
@@ -304,7 +308,7 @@ def _short_why(c: BulletChange) -> str:
     lesson = next((q for t in reversed(c.why) for q in t.lessons), None)
     quote = f' · "{_cut(lesson.text, SHORT_LESSON_CHARS)}" ({lesson.trace_id})' if lesson is not None else ""
     traces = c.traces or ()
-    return f"    {_ops(c.why)} · {len(traces)} traces: {_ids(traces, SHORT_TRACES)}{quote}"
+    return f"    {_ops(c.why)} · {_count(len(traces))}: {_ids(traces, SHORT_TRACES)}{quote}"
 
 
 def _full_why(c: BulletChange) -> list[str]:
@@ -322,7 +326,7 @@ def _full_why(c: BulletChange) -> list[str]:
     if not c.why:
         return [*lines, "    no operation named it (evicted by the token budget, or merged into a duplicate)"]
     for t in c.why:
-        lines.append(f"    v{t.version} {t.op} → {t.outcome}, {len(t.sources)} traces: {_ids(t.sources, None)}")
+        lines.append(f"    v{t.version} {t.op} → {t.outcome}, {_count(len(t.sources))}: {_ids(t.sources, None)}")
         lines.extend(f'      {q.trace_id}: "{q.text}"' for q in t.lessons)
     return lines
 

@@ -78,28 +78,42 @@ def test_the_diff_names_per_bullet_only_the_traces_that_taught_it(pipe: Pipeline
     assert len(short.splitlines()) == 1 + 2 * len(changes)
     for c in changes:
         assert all(t in full for t in c["traces"])
-    _record(pipe, short, full, json.dumps(doc), len(changes), len(window))
-
-
-def _record(pipe: Pipeline, short: str, full: str, as_json: str, bullets: int, window: int) -> None:
-    sizes = {"short": len(short.encode()), "full": len(full.encode()), "json": len(as_json.encode())}
+    # the sizes a user reads: the first window, and the last one once every trace is learned (a larger window)
+    spans = [_measure(pipe, 0, 1, len(window))]
+    wait_until(lambda: pipe.learned(NS) >= TRACES, 900, "every trace learned", poll_s=2.0)
+    last = pipe.deltas(NS)[-1]
+    if last.version > 1:
+        spans.append(_measure(pipe, last.version - 1, last.version, len(last.trace_ids)))
     result = {
-        "command": f"combee prompt diff {NS} --from 0 --to 1",
-        "how": "tests/integration/test_diff_explains.py: SIMULATED traces learned by a worker on real Kafka and Redis",
-        "bullets": bullets,
+        "how": "tests/integration/test_diff_explains.py: SIMULATED traces learned by a worker on real Kafka and Redis; "
+        "bytes_before is COMBEE_DIFF_BEFORE_ROOT's (the code before this change) combee prompt diff on the same data",
+        "spans": spans,
+    }
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "diff-size.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+
+
+def _measure(pipe: Pipeline, v: int, w: int, window: int) -> dict[str, object]:
+    span = ("--from", str(v), "--to", str(w))
+    short, full, as_json = (
+        prompt_diff(pipe, *span),
+        prompt_diff(pipe, *span, "--full"),
+        prompt_diff(pipe, *span, "--json"),
+    )
+    out: dict[str, object] = {
+        "command": f"combee prompt diff {NS} {' '.join(span)}",
+        "bullets_changed": len(json.loads(as_json)["changes"]),
         "traces_in_window": window,
-        "bytes_after": sizes,
+        "bytes_after": {"short": len(short.encode()), "full": len(full.encode()), "json": len(as_json.encode())},
         "entry_after": "\n".join(short.splitlines()[1:3]),
         "entry_after_full": _entry(full),
     }
     before_root = os.environ.get("COMBEE_DIFF_BEFORE_ROOT")
     if before_root:
-        before = prompt_diff(pipe, "--from", "0", "--to", "1", root=Path(before_root))
-        result["bytes_before"] = len(before.encode())
-        result["entry_before"] = "\n".join(before.splitlines()[1:3])
-        result["before_root"] = before_root
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "diff-size.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+        before = prompt_diff(pipe, *span, root=Path(before_root))
+        out["bytes_before"] = len(before.encode())
+        out["entry_before"] = "\n".join(before.splitlines()[1:3])
+    return out
 
 
 def _entry(full: str) -> str:
