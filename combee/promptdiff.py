@@ -12,6 +12,14 @@ previous published version, the window id and the ids of the traces it learned f
 its ``created`` window, a changed one by its ``updated`` window, a removed one by the first published version
 in which it is gone. Trace ids are None when they were not recorded (a version published before provenance
 was stored, or a window whose version is no longer retained).
+
+Why: a version also stores, per operation its window applied, the traces whose reflections taught it and
+their lessons (:class:`combee.evidence.Explanation`, ``meta["evidence"]``). Each change lists the
+operations on its bullet in the versions compared (:class:`Teaching`: ADD/UPDATE/REMOVE, what came of it, the
+cited traces, the lessons) and ``traces``, the traces that taught it — not the whole window. Versions
+published before evidence was stored fall back to the bullet's own record (``Bullet.sources``, its most recent
+cited traces). :func:`render_diff` is short by default (two lines a bullet, a few trace ids and "+N more");
+``full=True`` lists everything.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from combee.errors import CombeeError, ConfigError
+from combee.evidence import Explanation
 from combee.models import Bullet, Playbook, one_line
 
 __all__ = [
@@ -29,6 +38,8 @@ __all__ = [
     "BulletChange",
     "DiffTooWide",
     "PromptDiff",
+    "Quote",
+    "Teaching",
     "UnknownVersion",
     "VersionRecord",
     "WindowProvenance",
@@ -72,16 +83,46 @@ class VersionRecord:
     playbook: Playbook
     window_id: str | None = None
     provenance: tuple[WindowProvenance, ...] = ()
+    evidence: tuple[Explanation, ...] = ()
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A lesson as the reflector of trace ``trace_id`` stated it (cut short when it was long)."""
+
+    trace_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Teaching:
+    """One operation of version ``version``'s window on a bullet: the curator's ``op`` (ADD, UPDATE, REMOVE),
+    its ``outcome`` (:data:`combee.evidence.Outcome`), the traces it cites and some of their lessons."""
+
+    version: int
+    op: str
+    outcome: str
+    sources: tuple[str, ...]
+    lessons: tuple[Quote, ...] = ()
 
 
 @dataclass(frozen=True)
 class BulletChange:
+    """One bullet added, changed or removed; ``why`` the operations on it (empty when no evidence was
+    recorded) and ``traces`` the traces that taught the change: the operations' sources, else the bullet's own
+    most recent ones (``from_evidence`` False), None when neither is known. ``support`` counts every trace that
+    ever taught the bullet."""
+
     kind: Literal["added", "changed", "removed"]
     bullet_id: str
     section: str
     before: str | None
     after: str | None
     taught_by: WindowProvenance
+    why: tuple[Teaching, ...] = ()
+    traces: tuple[str, ...] | None = None
+    from_evidence: bool = False
+    support: int = 0
 
 
 @dataclass(frozen=True)
@@ -189,42 +230,144 @@ def diff_versions(records: Sequence[VersionRecord], from_version: int, to_versio
             return WindowProvenance(version, window_id or known.window_id, known.trace_ids)
         return WindowProvenance(version, window_id)
 
+    between = sorted((r for r in records if from_version < r.version <= to_version), key=lambda r: r.version)
+    explained = _explained(between, from_version)
     before = {b.id: b for b in old.bullets}
     after_ids = {b.id for b in new.bullets}
     changes: list[BulletChange] = []
     for b in new.bullets:
         was = before.get(b.id)
         if was is None:
-            changes.append(_change("added", b, None, b.content, taught(b.created.version, b.created.window_id)))
+            by = taught(b.created.version, b.created.window_id)
+            changes.append(_change("added", b, None, b.content, by, explained, to_version))
         elif (was.content, was.section) != (b.content, b.section):
             by = taught(b.updated.version, b.updated.window_id)
-            changes.append(_change("changed", b, was.content, b.content, by))
-    between = sorted((r for r in records if from_version < r.version <= to_version), key=lambda r: r.version)
+            changes.append(_change("changed", b, was.content, b.content, by, explained, to_version))
     for b in old.bullets:
         if b.id in after_ids:
             continue
         gone_in = next((r for r in between if r.playbook.bullet(b.id) is None), by_version[to_version])
-        changes.append(_change("removed", b, b.content, None, taught(gone_in.version, gone_in.window_id)))
+        by = taught(gone_in.version, gone_in.window_id)
+        changes.append(_change("removed", b, b.content, None, by, explained, gone_in.version))
     return PromptDiff(old.namespace, from_version, to_version, tuple(changes))
 
 
+def _explained(between: Sequence[VersionRecord], from_version: int) -> dict[int, Explanation]:
+    """The evidence of every window applied after ``from_version`` that the records hold, by version."""
+    out: dict[int, Explanation] = {}
+    for r in between:
+        for e in r.evidence:
+            if from_version < e.version <= r.version:
+                out.setdefault(e.version, e)
+    return out
+
+
+def _teachings(bullet_id: str, explained: Mapping[int, Explanation], until: int) -> tuple[Teaching, ...]:
+    return tuple(
+        Teaching(v, e.op, e.outcome, e.sources, tuple(Quote(q.trace_id, q.text) for q in e.lessons))
+        for v in sorted(explained)
+        if v <= until
+        for e in explained[v].for_bullet(bullet_id)
+    )
+
+
 def _change(
-    kind: Literal["added", "changed", "removed"], b: Bullet, before: str | None, after: str | None, by: WindowProvenance
+    kind: Literal["added", "changed", "removed"],
+    b: Bullet,
+    before: str | None,
+    after: str | None,
+    by: WindowProvenance,
+    explained: Mapping[int, Explanation],
+    until: int,
 ) -> BulletChange:
-    return BulletChange(kind, b.id, b.section, before, after, by)
+    """The change, with the operations on the bullet up to version ``until`` when the evidence of the window
+    that taught it (``by``) is recorded, else the bullet's own record of its traces."""
+    why = _teachings(b.id, explained, until)
+    if by.version in explained:
+        traces: tuple[str, ...] | None = tuple(dict.fromkeys(s for t in why for s in t.sources))
+        return BulletChange(kind, b.id, b.section, before, after, by, why, traces, True, b.support)
+    own = b.sources if kind != "removed" and b.sources else None  # who taught it did not remove it
+    return BulletChange(kind, b.id, b.section, before, after, by, why, own, False, b.support)
 
 
-def render_diff(diff: PromptDiff) -> str:
-    """The diff as text: a summary line, then one block per bullet (``+`` added, ``~`` changed, ``-`` removed)."""
+SHORT_TRACES = 3
+"""Trace ids a short diff names per bullet ("+N more" for the rest)."""
+
+SHORT_LESSON_CHARS = 100
+"""A short diff quotes one lesson per bullet, cut to this many characters."""
+
+_MARK = {"added": "+", "changed": "~", "removed": "-"}
+
+
+def _ids(ids: Sequence[str], cap: int | None) -> str:
+    shown = ids if cap is None else ids[:cap]
+    more = f" +{len(ids) - len(shown)} more" if len(ids) > len(shown) else ""
+    return (", ".join(shown) or "-") + more
+
+
+def _count(n: int) -> str:
+    return f"{n} trace" if n == 1 else f"{n} traces"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _ops(why: Sequence[Teaching]) -> str:
+    return ", ".join(dict.fromkeys(f"{t.op}→{t.outcome} v{t.version}" for t in why))
+
+
+def _short_why(c: BulletChange) -> str:
+    p = c.taught_by
+    if not c.from_evidence:
+        where = f"{'removed' if c.kind == 'removed' else 'taught'} by window {p.window_id or '-'} (v{p.version})"
+        if c.traces is None:
+            window = "not recorded" if p.trace_ids is None else f"{len(p.trace_ids)} in the window"
+            return f"    {where}; traces {window}"
+        return f"    {where}; traces {_ids(c.traces, SHORT_TRACES)} (the bullet's latest; {c.support} in all)"
+    if not c.why:
+        return f"    v{p.version}: no operation named it (evicted by the token budget, or merged into a duplicate)"
+    lesson = next((q for t in reversed(c.why) for q in t.lessons), None)
+    quote = f' · "{_cut(lesson.text, SHORT_LESSON_CHARS)}" ({lesson.trace_id})' if lesson is not None else ""
+    traces = c.traces or ()
+    return f"    {_ops(c.why)} · {_count(len(traces))}: {_ids(traces, SHORT_TRACES)}{quote}"
+
+
+def _full_why(c: BulletChange) -> list[str]:
+    p = c.taught_by
+    window = "" if p.trace_ids is None else f"; {len(p.trace_ids)} traces in the window"
+    lines = [
+        f"    {'removed' if c.kind == 'removed' else 'taught'} by window {p.window_id or '-'} (v{p.version}{window})"
+    ]
+    if not c.from_evidence:
+        if c.traces is None and p.trace_ids is not None:  # only the window is known: all of its traces
+            return [*lines, f"    traces of the window: {_ids(p.trace_ids, None)}"]
+        if c.traces is None:
+            return [*lines, "    traces that taught it: not recorded"]
+        return [*lines, f"    traces (the bullet's latest {len(c.traces)} of {c.support}): {_ids(c.traces, None)}"]
+    if not c.why:
+        return [*lines, "    no operation named it (evicted by the token budget, or merged into a duplicate)"]
+    for t in c.why:
+        lines.append(f"    v{t.version} {t.op} → {t.outcome}, {_count(len(t.sources))}: {_ids(t.sources, None)}")
+        lines.extend(f'      {q.trace_id}: "{q.text}"' for q in t.lessons)
+    return lines
+
+
+def render_diff(diff: PromptDiff, *, full: bool = False) -> str:
+    """The diff as text: a summary line, then per bullet (``+`` added, ``~`` changed, ``-`` removed) one line of
+    what it says and one of why — the curator's operations, the traces that taught it (the first
+    :data:`SHORT_TRACES`, "+N more") and one lesson as the reflector stated it. ``full``: every operation, every
+    trace id, every recorded lesson and the window."""
     counts = ", ".join(f"{len(diff.of_kind(k))} {k}" for k in ("added", "changed", "removed"))
     lines = [f"{diff.namespace}: v{diff.from_version} -> v{diff.to_version}: {counts}"]
-    mark = {"added": "+", "changed": "~", "removed": "-"}
     for c in diff.changes:
-        lines.append(f"{mark[c.kind]} [{c.bullet_id}] ({c.section}) {c.after if c.kind == 'added' else c.before}")
-        if c.kind == "changed":
-            lines.append(f"    now: {c.after}")
-        verb = "removed by" if c.kind == "removed" else "taught by"
-        p = c.taught_by
-        traces = "not recorded" if p.trace_ids is None else f"{len(p.trace_ids)}: {', '.join(p.trace_ids) or '-'}"
-        lines.append(f"    {verb} window {p.window_id or '-'} (v{p.version}); traces {traces}")
+        text = c.after if c.kind == "added" else c.before
+        if c.kind == "changed" and not full:
+            text = f"{c.before}  →  {c.after}"
+        lines.append(f"{_MARK[c.kind]} [{c.bullet_id}] ({c.section}) {text}")
+        if full:
+            lines.extend([f"    now: {c.after}"] if c.kind == "changed" else [])
+            lines.extend(_full_why(c))
+        else:
+            lines.append(_short_why(c))
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from combee.engine import ShuffleKey
+from combee.evidence import Explanation, LessonLine
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
 from combee.scan import ReduceTracker
 
@@ -153,6 +154,11 @@ class WindowPlan(_Envelope):
     map_service_s: float = 0.0
     skipped_traces: int = 0
     trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
+    lessons: dict[str, tuple[LessonLine, ...]] = Field(
+        default_factory=dict,
+        description="per trace id, the lessons its reflection stated, cut short (combee.evidence.window_lessons); "
+        "the combiner quotes them in the evidence of the version",
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -239,6 +245,9 @@ class DeltaRecord(_Envelope):
     playbook: Playbook | None = Field(default=None, description="the resulting playbook, for rollback records")
     epoch: int | None = Field(default=None, ge=0, description="offset of the writer's claim in this partition")
     trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
+    evidence: Explanation | None = Field(
+        default=None, description="per operation, the traces that taught it and their lessons (combee.evidence)"
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -4,7 +4,8 @@
 only the newest pending version per namespace; a background loop publishes, backing off (capped exponential,
 jittered) while Redis is unreachable, so learning never waits for Redis and, once Redis is back, the newest
 version lands and the superseded ones are skipped. A superseded offer's ``meta["provenance"]`` windows are
-carried into the offer that supersedes it, so the published version still names every window it covers.
+carried into the offer that supersedes it (with their ``meta["evidence"]``), so the published version still
+names and explains every window it covers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from combee.evidence import carry_evidence
 from combee.models import validate_namespace
 from combee.promptdiff import PROVENANCE_KEY
 from streams.redis_connection import describe_error, is_retryable
@@ -46,12 +48,13 @@ class _Offer:
 
 
 def _carry_provenance(superseded: dict[str, Any] | None, meta: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The newer offer's meta with the superseded offer's ``provenance`` windows in front of its own: the version
-    that does get published then names every window applied since the previously published one."""
+    """The newer offer's meta with the superseded offer's ``provenance`` windows (and their evidence,
+    :func:`combee.evidence.carry_evidence`) in front of its own: the version that does get published then names
+    and explains every window applied since the previously published one."""
     older = (superseded or {}).get(PROVENANCE_KEY)
     if meta is None or not isinstance(older, list) or not isinstance(meta.get(PROVENANCE_KEY), list):
         return meta
-    return {**meta, PROVENANCE_KEY: [*older, *meta[PROVENANCE_KEY]]}
+    return carry_evidence(superseded, {**meta, PROVENANCE_KEY: [*older, *meta[PROVENANCE_KEY]]})
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from combee.evidence import parse_explanations
 from combee.models import Playbook
 from combee.promptdiff import VersionRecord, parse_provenance
 from combee.store import PublishedPrompt
@@ -85,7 +86,8 @@ RECORD_FIELDS: Final = ("version", "playbook", "window_id", "meta")
 def parse_version_record(namespace: str, values: Sequence[Any]) -> VersionRecord | None:
     """A :class:`~combee.promptdiff.VersionRecord` (playbook and provenance) from an ``HMGET <hash>
     *RECORD_FIELDS`` reply, or None when the hash does not exist. A missing or malformed ``meta`` (versions
-    published before provenance was stored) gives no provenance. Raises ValueError for a malformed playbook."""
+    published before provenance was stored) gives no provenance, a missing or malformed ``evidence`` no
+    evidence. Raises ValueError for a malformed playbook."""
     version, playbook, window_id, meta = (reply_text(v) for v in values)
     if version is None:
         return None
@@ -95,11 +97,13 @@ def parse_version_record(namespace: str, values: Sequence[Any]) -> VersionRecord
         parsed_meta = json.loads(meta) if meta else {}
     except ValueError:
         parsed_meta = {}
+    parsed_meta = parsed_meta if isinstance(parsed_meta, dict) else {}
     return VersionRecord(
         version=int(version),
         playbook=Playbook.model_validate_json(playbook),
         window_id=window_id or None,
-        provenance=parse_provenance(parsed_meta if isinstance(parsed_meta, dict) else {}),
+        provenance=parse_provenance(parsed_meta),
+        evidence=parse_explanations(parsed_meta),
     )
 
 

@@ -13,7 +13,10 @@ per-version hash in the same step that trims its history entry, and only those â
 trim point â€” so the two always describe the same set of versions. Nothing here expires except ``status``.
 
 ``meta`` is stored whole in the per-version hash (field ``meta``) and, without its ``provenance`` list (the
-windows and trace ids a version covers, :mod:`combee.promptdiff`), in the history entry, which stays small.
+windows and trace ids a version covers, :mod:`combee.promptdiff`) and its ``evidence`` (per operation, the
+traces that taught it and their lessons, :mod:`combee.evidence`), in the history entry, which stays small. The
+evidence therefore lives and is trimmed exactly as its version, and a second offer of a version (a
+redelivery, a replay of the log) writes nothing: the compare-and-set keeps the first.
 
 The publisher that feeds it is :mod:`streams.redis_publisher`; connections and redaction are
 :mod:`streams.redis_connection`; parsing what the script wrote is :mod:`streams.redis_records`.
@@ -35,6 +38,7 @@ import redis.exceptions
 import redis.retry
 
 from combee.errors import ConfigError
+from combee.evidence import EVIDENCE_KEY
 from combee.models import validate_namespace
 from combee.promptdiff import PROVENANCE_KEY, VersionRecord
 from combee.redaction import redact
@@ -78,6 +82,8 @@ MAX_TRIM_PER_PUBLISH: Final = 1000
 publish into a long-running script; the rest is trimmed by the following publishes."""
 
 _FIELDS: Final = ("version", "prompt", "playbook", "window_id", "published_at")
+_PER_VERSION: Final = (PROVENANCE_KEY, EVIDENCE_KEY)
+"""Keys of ``meta`` kept in the version's hashes only, never in its history entry (they grow with a window)."""
 
 # ---------------------------------------------------------------------------------------------------------
 # The publish script
@@ -287,7 +293,7 @@ class RedisPromptStore(PromptStore):
             published_at=published_at,
             bullets=_bullet_count(playbook),
             tokens=estimate_tokens(prompt),
-            meta={k: v for k, v in meta.items() if k != PROVENANCE_KEY},  # trace ids: per version, not in history
+            meta={k: v for k, v in meta.items() if k not in _PER_VERSION},  # trace ids, lessons: not in history
         )
         keys = (
             self.keys.current(namespace),

@@ -21,6 +21,7 @@ import time
 from typing import Any, cast
 
 from combee.engine import finish_ops, merge
+from combee.evidence import explain_delta
 from combee.llm import Role
 from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
@@ -202,7 +203,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     meter = Meter()
     # logged finished (copies folded, records refused, sections canonical, near duplicates folded): a replay
     # needs no vectors
-    ops = await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
+    proposed, ops = ops, await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
     delta = Delta(
         namespace=rt.namespace,
         window_id=w.window_id,
@@ -230,6 +231,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         shape=plan.shape,
         epoch=rt.tenure.epoch,
         trace_ids=plan.trace_ids,
+        evidence=explain_delta(current, proposed, ops, playbook, plan.lessons),
     )
     rt.applied_version(playbook.version, plan.closed_at)  # before the offer: Redis may take it at once
     if not await commit(ctx, rt, record, playbook, plan.seq + 1, plan.source):

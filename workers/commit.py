@@ -14,6 +14,7 @@ import logging
 import time
 from contextlib import aclosing
 
+from combee.evidence import EVIDENCE_KEY, evidence_entry
 from combee.models import Playbook
 from combee.playbook import apply_delta, render_prompt
 from combee.promptdiff import PROVENANCE_KEY, provenance_entry
@@ -153,6 +154,7 @@ async def _remember(
             "traces": record.trace_count,
             "note": record.note,
             PROVENANCE_KEY: [provenance_entry(record.version, record.window_id, record.trace_ids)],
+            **({EVIDENCE_KEY: evidence_entry(record.evidence)} if record.evidence is not None else {}),
         },
     )
     if current:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from combee.engine import canonical_reflections, teaching
+from combee.evidence import window_lessons
 from combee.meter import Meter
 from combee.models import Playbook, Reflection
 from combee.playbook import count_tags
@@ -182,6 +183,7 @@ async def _map_one(
         map_service_s=map_s,
         skipped_traces=skipped,
         trace_ids=tuple(t.trace_id for t in acc.traces),
+        lessons=window_lessons(reflections),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)
     ctx.metrics.window_mapped(rt.namespace, window_plan.mapped_at - env.closed_at)

@@ -64,11 +64,19 @@ def add_prompt_command(sub: Any) -> None:
     s = psub.add_parser("show", help="print one version's prompt")
     s.add_argument("namespace")
     s.add_argument("--version", type=positive_int, required=True, metavar="V")
-    d = psub.add_parser("diff", help="bullets added, changed and removed between two versions, with provenance")
+    d = psub.add_parser(
+        "diff",
+        help="bullets added, changed and removed between two versions, and why",
+        description="Bullets added, changed and removed between two versions. Per bullet: the curator's operation "
+        "(ADD, UPDATE, REMOVE, and whether it merged into or confirmed a bullet), the traces whose reflections "
+        "taught it (the first few, '+N more') and one lesson as the reflector stated it. --full lists every "
+        "operation, trace id and recorded lesson; --json gives the same as data.",
+    )
     d.add_argument("namespace")
     d.add_argument("--from", dest="from_version", type=int, metavar="V", help="default: the previous version")
     d.add_argument("--to", dest="to_version", type=positive_int, metavar="W", help="default: the current version")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="the whole diff as JSON (every trace id and lesson)")
+    d.add_argument("--full", action="store_true", help="every operation, trace id and recorded lesson")
     r = psub.add_parser("rollback", help="publish an earlier version's content as a new version")
     r.add_argument("namespace")
     r.add_argument("--to", type=positive_int, required=True, metavar="VERSION")
@@ -195,7 +203,7 @@ def _diff(client: PromptClient, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(dataclasses.asdict(diff), indent=2))
     else:
-        print(render_diff(diff), end="")
+        print(render_diff(diff, full=args.full), end="")
 
 
 def _repair(settings: Any, namespace: str) -> int:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from combee.models import Bullet
-from combee.promptdiff import BulletChange, PromptDiff, WindowProvenance
+from combee.promptdiff import BulletChange, PromptDiff, Quote, WindowProvenance
 from streams.overview import (
     NamespaceOverview,
     NamespaceSummary,
@@ -37,6 +37,7 @@ th { background: #f3f4f7; font-weight: 600; } tr:nth-child(even) td { background
 code, pre, .id { font-family: ui-monospace, monospace; font-size: 12.5px; }
 pre { background: #f6f7f9; border: 1px solid #e1e3e8; padding: 8px; white-space: pre-wrap; overflow-wrap: anywhere; }
 ul.bullets { padding-left: 18px; }
+details.traces, span.op { display: inline; } q.lesson { font-style: italic; } div.why { margin-left: 12px; }
 details.traces { display: inline; } details.traces summary { cursor: pointer; } li.bullet, li.change { margin: 3px 0; }
 .muted { color: #778; } .note { background: #fff8e1; border-left: 3px solid #f2b705; padding: 4px 8px; }
 .added { border-left: 4px solid #2e9a4b; padding-left: 6px; list-style: none; }
@@ -68,16 +69,16 @@ def _or_dash(value: object) -> str:
     return "-" if value is None else _e(value)
 
 
-def _traces(ids: Sequence[str] | None) -> str:
-    """A window's trace ids: the count and the first few, all of them when opened (``<details>``, no script)."""
+def _traces(ids: Sequence[str] | None, what: str = "traces") -> str:
+    """Trace ids: the count and the first few, all of them when opened (``<details>``, no script)."""
     if ids is None:
         return '<span class="muted">traces not recorded</span>'
     if not ids:
         return "no traces"
-    first = ", ".join(_e(t) for t in ids[:3]) + (", …" if len(ids) > 3 else "")
+    first = ", ".join(_e(t) for t in ids[:3]) + (f" +{len(ids) - 3} more" if len(ids) > 3 else "")
     every = ", ".join(_e(t) for t in ids)
     return (
-        f'<details class="traces"><summary>{len(ids)} traces: <span class="id">{first}</span></summary>'
+        f'<details class="traces"><summary>{len(ids)} {_e(what)}: <span class="id">{first}</span></summary>'
         f'<span class="id trace-ids">{every}</span></details>'
     )
 
@@ -298,17 +299,49 @@ def version_page(view: VersionDetail) -> str:
     return _page(f"{ns} v{view.version}", [(_ns_url(ns), ns), (None, f"v{view.version}")], body)
 
 
+def _lessons(c: BulletChange) -> str:
+    """The lessons the teaching traces stated: the newest shown, every one when opened."""
+    quotes = [q for t in reversed(c.why) for q in t.lessons]
+    if not quotes:
+        return ""
+
+    def one(q: Quote) -> str:
+        return f'<q class="lesson">{_e(q.text)}</q> <span class="id muted">({_e(q.trace_id)})</span>'
+
+    if len(quotes) == 1:
+        return f'<div class="lessons">{one(quotes[0])}</div>'
+    rest = "".join(f"<div>{one(q)}</div>" for q in quotes[1:])
+    return f'<details class="lessons"><summary>{one(quotes[0])} +{len(quotes) - 1} more</summary>{rest}</details>'
+
+
+def _why(c: BulletChange, namespace: str) -> str:
+    """Why the bullet changed: the curator's operations, the traces that taught it and their lessons; without
+    recorded evidence, the window and the bullet's own traces (or the window's)."""
+    p = c.taught_by
+    verb = "removed by" if c.kind == "removed" else "taught by"
+    window = (
+        f"{verb} window <code>{_or_dash(p.window_id)}</code> "
+        f"({_link(_version_url(namespace, p.version), f'v{p.version}')})"
+    )
+    if not c.from_evidence:
+        traces = _traces(p.trace_ids, "traces in the window") if c.traces is None else _traces(c.traces)
+        return f'<div class="muted why">{window}; {traces}</div>'
+    if not c.why:
+        return f'<div class="muted why">{window}: no operation named it (evicted, or merged into a duplicate)</div>'
+    ops = ", ".join(dict.fromkeys(f"{t.op}→{t.outcome} v{t.version}" for t in c.why))
+    return (
+        f'<div class="why"><span class="op">{_e(ops)}</span> · {_traces(c.traces, "traces taught it")} '
+        f'<span class="muted">· {window}</span>{_lessons(c)}</div>'
+    )
+
+
 def _change(c: BulletChange, namespace: str) -> str:
     text = c.after if c.kind == "added" else c.before
     now = f'<div>now: <span class="bullet-after">{_e(c.after)}</span></div>' if c.kind == "changed" else ""
-    p = c.taught_by
-    verb = "removed by" if c.kind == "removed" else "taught by"
     return (
         f'<li class="change {_e(c.kind)}" data-bullet-id="{_e(c.bullet_id)}"><span class="kind">{_e(c.kind)}</span>'
         f'<span class="id">[{_e(c.bullet_id)}]</span> <span class="muted">({_e(c.section)})</span> '
-        f'<span class="bullet-text">{_e(text)}</span>{now}'
-        f'<div class="muted">{verb} window <code>{_or_dash(p.window_id)}</code> '
-        f"({_link(_version_url(namespace, p.version), f'v{p.version}')}); {_traces(p.trace_ids)}</div></li>"
+        f'<span class="bullet-text">{_e(text)}</span>{now}{_why(c, namespace)}</li>'
     )
 
 

@@ -97,16 +97,17 @@ def combee(prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_diff_of_two_published_versions_names_the_window_and_traces_of_each_change(prefix: str) -> None:
     out = combee(prefix, "diff", NS)  # defaults: the previous version -> the current one
     assert out.returncode == 0, out.stderr
+    # published without evidence and with no traces on the bullets: the window, its traces counted
     assert out.stdout == (
         f"{NS}: v1 -> v2: 1 added, 1 changed, 1 removed\n"
-        "~ [b00002] (formulas) round at the end\n"
-        "    now: round only at the very end\n"
-        f"    taught by window {W2} (v2); traces 3: t3, t4, t5\n"
+        "~ [b00002] (formulas) round at the end  →  round only at the very end\n"
+        f"    taught by window {W2} (v2); traces 3 in the window\n"
         "+ [b00003] (formulas) state the period of a rate\n"
-        f"    taught by window {W2} (v2); traces 3: t3, t4, t5\n"
+        f"    taught by window {W2} (v2); traces 3 in the window\n"
         "- [b00001] (formulas) check the units\n"
-        f"    removed by window {W2} (v2); traces 3: t3, t4, t5\n"
+        f"    removed by window {W2} (v2); traces 3 in the window\n"
     )
+    assert "    traces of the window: t3, t4, t5\n" in combee(prefix, "diff", NS, "--full").stdout
     same = combee(prefix, "diff", NS, "--from", "1", "--to", "2", "--json")
     diff = json.loads(same.stdout)
     assert [c["kind"] for c in diff["changes"]] == ["changed", "added", "removed"]
@@ -114,7 +115,7 @@ def test_diff_of_two_published_versions_names_the_window_and_traces_of_each_chan
 
     first = combee(prefix, "diff", NS, "--to", "1")  # the first version: against the empty playbook
     assert first.stdout.splitlines()[0] == f"{NS}: v0 -> v1: 2 added, 0 changed, 0 removed"
-    assert f"taught by window {W1} (v1); traces 3: t0, t1, t2" in first.stdout
+    assert f"taught by window {W1} (v1); traces 3 in the window" in first.stdout
 
     reversed_ = combee(prefix, "diff", NS, "--from", "2", "--to", "1")
     assert reversed_.returncode == 2 and reversed_.stderr == "combee: error: --from 2 is newer than --to 1\n"

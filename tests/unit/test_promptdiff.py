@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
 from combee.errors import ConfigError
+from combee.evidence import EVIDENCE_KEY, Explanation, evidence_entry, parse_explanations
 from combee.models import Bullet, Playbook, Provenance
 from combee.promptdiff import (
     PROVENANCE_KEY,
@@ -61,8 +63,10 @@ def test_added_changed_and_removed_each_with_the_window_and_traces_that_taught_i
     text = render_diff(diff)
     assert text.splitlines()[0] == "ns: v1 -> v2: 1 added, 1 changed, 1 removed"
     assert "+ [b00004] (rules) state the period" in text
-    assert "    taught by window ns/p0/10-19 (v2); traces 3: t10, t11, t12" in text
+    # no evidence recorded, no trace on the bullets: the window is named and its traces counted, not listed
+    assert "    taught by window ns/p0/10-19 (v2); traces 3 in the window" in text
     assert "- [b00003] (rules) quote the source" in text and "    removed by window ns/p0/10-19 (v2)" in text
+    assert "    traces of the window: t10, t11, t12" in render_diff(diff, full=True)
 
 
 def test_identical_versions_have_no_changes_and_counters_alone_are_no_change() -> None:
@@ -143,9 +147,11 @@ def test_the_publisher_carries_superseded_windows_into_the_version_it_publishes(
         store = _Store()
         pub = LatestVersionPublisher(store)
         for v in (1, 2, 3):
-            pub.offer(
-                "ns", v, "p", "{}", window_id=f"w{v}", meta={PROVENANCE_KEY: [provenance_entry(v, f"w{v}", [f"t{v}"])]}
-            )
+            meta = {
+                PROVENANCE_KEY: [provenance_entry(v, f"w{v}", [f"t{v}"])],
+                EVIDENCE_KEY: evidence_entry(Explanation(version=v)),
+            }
+            pub.offer("ns", v, "p", "{}", window_id=f"w{v}", meta=meta)
         await pub.run(until_idle=True)
         return store.published
 
@@ -154,6 +160,7 @@ def test_the_publisher_carries_superseded_windows_into_the_version_it_publishes(
     meta = published[0][1]
     assert meta is not None
     assert [p.version for p in parse_provenance(meta)] == [1, 2, 3]
+    assert [e.version for e in parse_explanations(meta)] == [1, 2, 3]  # and their evidence
 
 
 def test_the_span_of_a_diff_defaults_to_the_previous_published_version_and_the_current_one() -> None:
@@ -169,3 +176,79 @@ def test_the_span_of_a_diff_defaults_to_the_previous_published_version_and_the_c
         diff_span([])
     with pytest.raises(ConfigError, match="--from 5 is newer than --to 2"):
         diff_span([1, 2, 5], from_version=5, to_version=2)
+
+
+# --- why: the evidence a version stores per operation (combee.evidence) -------------------------------------
+
+WINDOW = tuple(f"t{i}" for i in range(10, 60))  # the whole window: 50 traces
+TAUGHT = tuple(f"t{i}" for i in range(10, 18))  # the 8 whose reflections taught the new bullet
+
+
+def explained_v2() -> VersionRecord:
+    from combee.evidence import Explanation, Lesson, OpEvidence
+
+    lesson = Lesson(trace_id="t10", text="a rate means nothing without its period: state it")
+    evidence = Explanation(
+        version=2,
+        ops=(
+            OpEvidence(op="UPDATE", outcome="changed", bullet_id="b00002", sources=("t20",)),
+            OpEvidence(op="ADD", outcome="added", bullet_id="b00004", sources=TAUGHT, lessons=(lesson,)),
+            OpEvidence(op="REMOVE", outcome="removed", bullet_id="b00003", sources=("t30", "t31")),
+        ),
+    )
+    return VersionRecord(2, V2.playbook, V2.window_id, (WindowProvenance(2, V2.window_id, WINDOW),), (evidence,))
+
+
+def test_each_change_names_only_the_traces_that_taught_it_with_the_operation_and_a_lesson() -> None:
+    diff = diff_versions([V1, explained_v2()], 1, 2)
+    by_id = {c.bullet_id: c for c in diff.changes}
+    assert by_id["b00004"].traces == TAUGHT and by_id["b00004"].from_evidence
+    assert by_id["b00002"].traces == ("t20",)
+    assert by_id["b00003"].traces == ("t30", "t31")
+    assert [(t.op, t.outcome, t.version) for t in by_id["b00004"].why] == [("ADD", "added", 2)]
+    text = render_diff(diff)
+    assert len(text.splitlines()) == 1 + 2 * len(diff.changes)  # two lines a bullet
+    assert "~ [b00002] (rules) round at the end  →  round only at the end" in text
+    assert (
+        '    ADD→added v2 · 8 traces: t10, t11, t12 +5 more · "a rate means nothing without its period: state it" (t10)'
+        in text
+    )
+    assert "    REMOVE→removed v2 · 2 traces: t30, t31" in text
+    assert "t59" not in text  # the rest of the window taught none of these
+
+
+def test_full_lists_every_trace_and_lesson_and_json_carries_the_same() -> None:
+    diff = diff_versions([V1, explained_v2()], 1, 2)
+    full = render_diff(diff, full=True)
+    assert f"    v2 ADD → added, 8 traces: {', '.join(TAUGHT)}" in full
+    assert '      t10: "a rate means nothing without its period: state it"' in full
+    assert "    taught by window ns/p0/10-19 (v2; 50 traces in the window)" in full
+    doc = json.loads(json.dumps(dataclasses.asdict(diff)))
+    added = next(c for c in doc["changes"] if c["bullet_id"] == "b00004")
+    assert added["traces"] == list(TAUGHT)
+    assert added["why"][0]["lessons"] == [
+        {"trace_id": "t10", "text": "a rate means nothing without its period: state it"}
+    ]
+
+
+def test_without_evidence_the_bullets_own_traces_are_named_capped_in_short() -> None:
+    cited = D.model_copy(update={"sources": tuple(f"t{i}" for i in range(10, 15)), "support": 9})
+    v2 = record(2, "ns/p0/10-19", [A, B2, cited], list(WINDOW))
+    c = next(c for c in diff_versions([V1, v2], 1, 2).changes if c.bullet_id == "b00004")
+    assert c.traces == cited.sources and not c.from_evidence and c.why == ()
+    text = render_diff(diff_versions([V1, v2], 1, 2))
+    assert "taught by window ns/p0/10-19 (v2); traces t10, t11, t12 +2 more (the bullet's latest; 9 in all)" in text
+    removed = next(c for c in diff_versions([V1, v2], 1, 2).changes if c.kind == "removed")
+    assert removed.traces is None  # who taught a bullet is not who removed it
+
+
+def test_evidence_of_a_superseded_version_carried_into_the_published_one_explains_its_changes() -> None:
+    from combee.evidence import Explanation, OpEvidence
+
+    early = Explanation(version=2, ops=(OpEvidence(op="ADD", outcome="added", bullet_id="b00004", sources=("t11",)),))
+    late = Explanation(
+        version=3, ops=(OpEvidence(op="UPDATE", outcome="changed", bullet_id="b00002", sources=("t21",)),)
+    )
+    v3 = VersionRecord(3, V2.playbook.model_copy(update={"version": 3}), "ns/p0/20-29", (), (early, late))
+    by_id = {c.bullet_id: c for c in diff_versions([V1, v3], 1, 3).changes}
+    assert by_id["b00004"].traces == ("t11",)

@@ -3,6 +3,7 @@ aiohttp's test client (escaping, an empty namespace, an unknown version is a 404
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -135,6 +136,21 @@ async def test_the_diff_has_the_defaults_of_combee_prompt_diff() -> None:
     assert diff.changes[0].taught_by.trace_ids == ("t3", "t4")
     first = await overview.prompt_diff(store(), NS, to_version=1)
     assert first.from_version == 0 and [c.bullet_id for c in first.changes] == ["b00001"]
+
+
+async def test_the_diff_page_says_why_each_bullet_changed_with_only_the_traces_that_taught_it() -> None:
+    from combee.evidence import Explanation, Lesson, OpEvidence
+
+    s = store()
+    published, record, entry = s.records[NS][2]
+    lesson = Lesson(trace_id="t4", text=f"units first {EVIL}")
+    why = OpEvidence(op="ADD", outcome="added", bullet_id="b00002", sources=("t4",), lessons=(lesson,))
+    s.records[NS][2] = (published, dataclasses.replace(record, evidence=(Explanation(version=2, ops=(why,)),)), entry)
+    page = render.diff_page(await overview.prompt_diff(s, NS))
+    assert "ADD→added v2" in page
+    assert texts(page, "trace-ids")[0] == ["t4"]  # not t3: it is in the window but taught nothing here
+    shown, scripts = texts(page, "lesson")
+    assert shown == [f"units first {EVIL}"] and scripts == 0
 
 
 # --- the rendering (pure) -------------------------------------------------------------------------------
