@@ -72,6 +72,11 @@ def document(result: OverloadResult, meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _load(phase: Mapping[str, Any]) -> str:
+    load = phase.get("loadavg_at_end")
+    return f"{load[0]:.1f}" if load else "–"
+
+
 def _reflector() -> Any:
     from combee.llm import Role
 
@@ -93,8 +98,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"{r['wall_s']:.1f} s and reduced by every variant below from the empty playbook.",
         "",
         "| variant | batch | windows | entries | distinct lessons | bullets / lesson | playbook tokens | calls "
-        "| tokens | wall s | critical path s | copies folded | ops refused | routing classes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tokens | wall s | critical path s | load at end | copies folded | ops refused | routing classes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in doc["variants"]:
         refused_ops = sum(v["refused_ops"].values())
@@ -102,17 +107,22 @@ def markdown(doc: Mapping[str, Any]) -> str:
         lines.append(
             f"| {v['variant']} | {v['batch']} | {v['windows']} | {v['entries']} | {v['distinct_lessons']} "
             f"| {v['bullets_per_lesson']:.2f} | {v['playbook_tokens']} | {v['calls']} | {v['tokens']} "
-            f"| {v['wall_s']:.1f} | {v['critical_path_s']:.1f} | {v['copies_folded']} | {refused_ops} | {classes} |"
+            f"| {v['wall_s']:.1f} | {v['critical_path_s']:.1f} | {_load(v['phase'])} | {v['copies_folded']} "
+            f"| {refused_ops} | {classes} |"
         )
     written = ", ".join(f"{k} ({n})" for k, n in r["labels_as_written"].items())
+    skipped = (doc.get("options") or {}).get("skip") or ()
     lines += [
+        *(["", f"Variants left out of this run (`--skip`): {', '.join(skipped)}."] if skipped else []),
         "",
         f"Section labels as the reflector wrote them (slugged): {written or '–'}.",
         "",
         "Distinct lessons: bullets clustered single-link by the de-duplicator's rule "
         f"({doc.get('dedup') or 'exact normalised text'}). Critical path: per window, the slowest chain of calls "
         "(curator, then merges), summed over windows; the one reflection pass is not included (every variant "
-        "shares it). Wall times are each variant's own, run one after another on the same server.",
+        "shares it). Wall times are each variant's own, run one after another on the same server; *load at end* "
+        "is the machine's 1-minute load average when the variant's phase ended (2 cores: above 2, other work "
+        "shared the CPU and the wall time is longer than the variant alone would take).",
         "",
     ]
     return "\n".join(lines)

@@ -38,3 +38,26 @@ def test_without_leaves_out_the_named_variants_and_keeps_the_order() -> None:
 def test_without_names_an_unknown_variant_and_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"no overload variant named sequentail; the variants are naive-b8, "):
         without(default_variants(MethodConfig(), 64), ("sequentail",))
+
+
+def _doc(skip: tuple[str, ...]) -> dict[str, object]:
+    variant = {
+        "variant": "naive-b8", "batch": 8, "windows": 8, "entries": 12, "distinct_lessons": 9,
+        "bullets_per_lesson": 12 / 9, "playbook_tokens": 700, "calls": 8, "tokens": 40_000, "wall_s": 755.3,
+        "critical_path_s": 750.0, "copies_folded": 0, "refused_ops": {"records_the_run": 1},
+        "routing_classes": [], "phase": {"loadavg_at_end": [24.71, 24.26, 22.56]},
+    }  # fmt: skip
+    reflections = {"wall_s": 10.0, "parsed": 8, "unparsed": 0, "with_insights": 7, "insights": 9,
+                   "refused_insights": {}, "trimmed_sentences": {}, "labels_as_written": {"formulas": 9}}  # fmt: skip
+    return {"task": "formula", "simulated": False, "model": "local", "endpoint": "http://x/v1", "n_train": 8,
+            "reflections": reflections, "variants": [variant], "options": {"skip": list(skip)}}  # fmt: skip
+
+
+def test_the_table_says_each_variants_load_and_which_variants_were_left_out() -> None:
+    from combee.tasks.overload_report import markdown
+
+    text = markdown(_doc(("sequential",)))
+    row = next(line for line in text.splitlines() if line.startswith("| naive-b8 "))
+    assert "| 755.3 | 750.0 | 24.7 | 0 | 1 | – |" in row
+    assert "Variants left out of this run (`--skip`): sequential." in text
+    assert "left out" not in markdown(_doc(()))
