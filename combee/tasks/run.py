@@ -92,6 +92,9 @@ class PhaseStats:
     # the machine's load average (1, 5, 15 min) when the phase ended, set by the caller: how busy the machine
     # was while the phase was timed
     loadavg: tuple[float, float, float] | None = None
+    # the phase's critical path (the slowest chain of calls, summed over windows) where the caller measures one:
+    # journaled with the wall time, since a resumed phase answered from the cache cannot measure it again
+    critical_path_s: float | None = None
 
     def add(self, response: ChatResponse) -> None:
         self.calls += 1
@@ -114,6 +117,7 @@ class PhaseStats:
             **({"timed_in_an_earlier_run_at": self.timed_at} if self.timed_at else {}),
             **({"resumed_after_step": self.resumed_after} if self.resumed_after is not None else {}),
             **({"loadavg_at_end": [round(x, 2) for x in self.loadavg]} if self.loadavg else {}),
+            **({"critical_path_s": round(self.critical_path_s, 3)} if self.critical_path_s is not None else {}),
         }
 
     @classmethod
@@ -128,6 +132,7 @@ class PhaseStats:
         at = doc.get("timed_in_an_earlier_run_at")
         after = doc.get("resumed_after_step")
         load = doc.get("loadavg_at_end")
+        critical = doc.get("critical_path_s")
         return cls(
             wall_s=float(wall) if isinstance(wall, (int, float)) else 0.0,
             calls=num("calls"),
@@ -140,6 +145,7 @@ class PhaseStats:
             loadavg=(float(load[0]), float(load[1]), float(load[2]))
             if isinstance(load, list) and len(load) == 3
             else None,
+            critical_path_s=float(critical) if isinstance(critical, (int, float)) else None,
         )
 
     def copy(self) -> PhaseStats:
@@ -164,6 +170,7 @@ def with_timing(fresh: PhaseStats, earlier: PhaseStats | None, measured_at: str)
         timed_at=earlier.timed_at or measured_at,
         resumed_after=earlier.resumed_after,
         loadavg=earlier.loadavg,
+        critical_path_s=earlier.critical_path_s,
     )
 
 

@@ -383,3 +383,13 @@ def test_resumed_figures_are_the_earlier_steps_plus_what_followed() -> None:
     assert resumed.at(2, mark).wall_s == 3000.0
     end = resumed.figures(PhaseStats(wall_s=100.5, calls=6, cached=4, prompt_tokens=60))
     assert (end.wall_s, end.calls, end.cached, end.prompt_tokens, end.timed_at) == (3100.0, 6, 0, 60, "t0")
+
+
+def test_a_replayed_phase_keeps_the_critical_path_of_the_run_that_filled_the_cache() -> None:
+    # a cached answer takes no time, so the critical path of a replayed reduce must come from the journal
+    earlier = PhaseStats(wall_s=700.0, calls=8, cached=0, critical_path_s=690.5)
+    replay = PhaseStats(wall_s=0.1, calls=8, cached=8, critical_path_s=0.0)
+    got = with_timing(replay, earlier, "2026-12-02T22:00:00Z")
+    assert got.critical_path_s == 690.5
+    assert PhaseStats.from_dict(got.as_dict()).critical_path_s == 690.5
+    assert "critical_path_s" not in PhaseStats(wall_s=1.0).as_dict()  # a phase that measures none says none
