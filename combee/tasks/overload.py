@@ -103,7 +103,7 @@ class VariantResult:
     meter: Meter
     windows: int
     wall_s: float
-    critical_path_s: float
+    critical_path_s: float | None  # None: replayed from the cache and the journal kept none
     size: Bloat
     routing_classes: tuple[str, ...] = ()  # the keyed plan's classes (its first window), for keyed shapes
     phase: PhaseStats = field(default_factory=PhaseStats)
@@ -232,13 +232,15 @@ async def run_overload(
                 variant, parsed, config.task, MeteredLLM(llm, stats), config.dedup, clock, bar
             )
         stats.wall_s = clock() - t0
-        stats.critical_path_s = critical
+        replayed = stats.calls > 0 and stats.cached == stats.calls
+        stats.critical_path_s = None if replayed else critical  # cached answers take no time: not a measurement
         bar.close()
         done(name)
         figures = phases[name]  # this run's figures, or the run's that filled the cache
-        critical = figures.critical_path_s if figures.critical_path_s is not None else critical
         size = bloat(playbook, await same_rule(config.dedup, playbook))
-        row = VariantResult(variant, playbook, meter, windows, figures.wall_s, critical, size, classes, figures)
+        row = VariantResult(
+            variant, playbook, meter, windows, figures.wall_s, figures.critical_path_s, size, classes, figures
+        )
         results.append(row)
     return OverloadResult(
         config=config,

@@ -31,7 +31,7 @@ def _variant_row(v: Any) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "tokens": usage.prompt_tokens + usage.completion_tokens,
         "wall_s": round(v.wall_s, 3),
-        "critical_path_s": round(v.critical_path_s, 3),
+        "critical_path_s": None if v.critical_path_s is None else round(v.critical_path_s, 3),
         "parse_failures": {role: s.parse_failures for role, s in sorted(meter.roles.items())},
         "skipped_groups": meter.skipped_groups,
         "merge_fallbacks": meter.merge_fallbacks,
@@ -72,6 +72,10 @@ def document(result: OverloadResult, meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
 def _load(phase: Mapping[str, Any]) -> str:
     load = phase.get("loadavg_at_end")
     return f"{load[0]:.1f}" if load else "–"
@@ -107,7 +111,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         lines.append(
             f"| {v['variant']} | {v['batch']} | {v['windows']} | {v['entries']} | {v['distinct_lessons']} "
             f"| {v['bullets_per_lesson']:.2f} | {v['playbook_tokens']} | {v['calls']} | {v['tokens']} "
-            f"| {v['wall_s']:.1f} | {v['critical_path_s']:.1f} | {_load(v['phase'])} | {v['copies_folded']} "
+            f"| {v['wall_s']:.1f} | {_seconds(v['critical_path_s'])} | {_load(v['phase'])} | {v['copies_folded']} "
             f"| {refused_ops} | {classes} |"
         )
     written = ", ".join(f"{k} ({n})" for k, n in r["labels_as_written"].items())

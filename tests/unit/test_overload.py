@@ -61,3 +61,12 @@ def test_the_table_says_each_variants_load_and_which_variants_were_left_out() ->
     assert "| 755.3 | 750.0 | 24.7 | 0 | 1 | – |" in row
     assert "Variants left out of this run (`--skip`): sequential." in text
     assert "left out" not in markdown(_doc(()))
+
+
+def test_a_critical_path_nobody_measured_is_shown_as_unknown_not_zero() -> None:
+    from combee.tasks.overload_report import markdown
+
+    doc = _doc(())
+    doc["variants"][0]["critical_path_s"] = None  # type: ignore[index]
+    row = next(line for line in markdown(doc).splitlines() if line.startswith("| naive-b8 "))
+    assert "| 755.3 | – | 24.7 |" in row
