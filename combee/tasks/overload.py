@@ -83,7 +83,8 @@ def without(variants: Sequence[Variant], skip: Sequence[str]) -> list[Variant]:
     unknown = [name for name in skip if name not in names]
     if unknown:
         raise ValueError(f"no overload variant named {', '.join(unknown)}; the variants are {', '.join(names)}")
-    return [v for v in variants if v.name not in set(skip)]
+    left_out = set(skip)
+    return [v for v in variants if v.name not in left_out]
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,7 @@ async def run_overload(
                 variant, parsed, config.task, MeteredLLM(llm, stats), config.dedup, clock, bar
             )
         stats.wall_s = clock() - t0
-        replayed = stats.calls > 0 and stats.cached == stats.calls
-        stats.critical_path_s = None if replayed else critical  # cached answers take no time: not a measurement
+        stats.critical_path_s = None if stats.replayed else critical  # cached answers take no time: not a measurement
         bar.close()
         done(name)
         figures = phases[name]  # this run's figures, or the run's that filled the cache

@@ -96,6 +96,11 @@ class PhaseStats:
     # journaled with the wall time, since a resumed phase answered from the cache cannot measure it again
     critical_path_s: float | None = None
 
+    @property
+    def replayed(self) -> bool:
+        """Every answer of the phase came from the response cache: its clock measured the cache, not the model."""
+        return self.calls > 0 and self.cached == self.calls
+
     def add(self, response: ChatResponse) -> None:
         self.calls += 1
         self.cached += int(response.cached)
@@ -156,8 +161,7 @@ def with_timing(fresh: PhaseStats, earlier: PhaseStats | None, measured_at: str)
     """The figures to report for a phase: ``fresh`` unless every answer in it came from the response cache and
     ``earlier`` timed the same number of calls with none cached, i.e. the run that filled the cache. Then the
     earlier figures, stamped with when they were measured (``measured_at``, unless already stamped)."""
-    replayed = fresh.calls > 0 and fresh.cached == fresh.calls
-    if not replayed or earlier is None or earlier.cached or earlier.calls != fresh.calls:
+    if not fresh.replayed or earlier is None or earlier.cached or earlier.calls != fresh.calls:
         return fresh
     return PhaseStats(
         wall_s=earlier.wall_s,
