@@ -41,9 +41,9 @@ from combee.settings import Settings
 from streams.keys import RedisKeys
 from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
 from streams.redis_records import (
-    MAX_VERSION,
     RECORD_FIELDS,
     HistoryEntry,
+    in_version_range,
     parse_history,
     parse_version_record,
     reply_float,
@@ -87,7 +87,7 @@ def _prompt_version(namespace: str, values: Sequence[Any]) -> PromptVersion | No
     if prompt is None:
         raise ValueError(f"prompt hash of namespace {namespace!r} has a version but no prompt")
     number = int(version)
-    if not 0 <= number <= MAX_VERSION:  # written outside Combee: never adopted (`combee prompt repair` resets it)
+    if not in_version_range(number):  # written outside Combee: never adopted (`combee prompt repair` resets it)
         raise ValueError(f"namespace {namespace!r} holds version {version[:40]}, not in 0..2**53 - 1 (tampered)")
     return PromptVersion(number, prompt, namespace, window_id or None, reply_float(published_at))
 
@@ -100,7 +100,7 @@ def _announced_version(message: Any) -> int | None:
         version = int(reply_text(message.get("data")) or "")
     except ValueError:
         return None
-    return version if 0 <= version <= MAX_VERSION else None
+    return version if in_version_range(version) else None
 
 
 class _Backoff:

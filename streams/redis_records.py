@@ -25,6 +25,7 @@ __all__ = [
     "RECORD_FIELDS",
     "HistoryEntry",
     "check_version",
+    "in_version_range",
     "parse_history",
     "parse_prompt_fields",
     "parse_version_record",
@@ -165,7 +166,12 @@ def parse_history(members: Iterable[Any]) -> list[HistoryEntry]:
     return out
 
 
+def in_version_range(version: int) -> bool:
+    """Whether ``version`` lies in [0, MAX_VERSION], the numbers a store, a client and the web page accept."""
+    return 0 <= version <= MAX_VERSION
+
+
 def check_version(version: int) -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or not in_version_range(version):
         raise ValueError(f"version must be an integer in [0, 2**53 - 1], got {version!r}")
     return version

@@ -33,7 +33,7 @@ from combee.ui import render
 from combee.ui.guard import HostCheck, security_headers
 from streams import overview
 from streams.overview import OverviewStore
-from streams.redis_records import MAX_VERSION
+from streams.redis_records import in_version_range
 from streams.redis_store import DEFAULT_HISTORY_LIMIT
 
 __all__ = ["REDIS_KEY", "STORE_KEY", "build_app", "serve", "start_site"]
@@ -86,7 +86,7 @@ def _version(text: str | None, name: str, status: int = 400) -> int | None:
         value = int(text)
     except ValueError:  # not digits, or more digits than Python converts
         raise _Fail(status, f"{name} must be a version number, got {shown!r}") from None
-    if not 0 <= value <= MAX_VERSION:
+    if not in_version_range(value):
         raise _Fail(status, f"{name} must be a version number in 0..2**53 - 1, got {shown}")
     return value
 
