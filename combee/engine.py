@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar, get_args
+from typing import Generic, TypeVar
 
 from combee.dedup import fold_copies
 from combee.embeddings import NearDuplicates
@@ -28,7 +28,18 @@ from combee.errors import LLMParseError
 from combee.llm import LLM, ChatResponse, Role, context_tokens_of
 from combee.meter import Meter
 from combee.models import AddOp, Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
-from combee.plan import Forest, KeyedPlan, ReducePlan, flatten_keyed, flatten_reduce, plan_keyed, plan_reduce, window_id
+from combee.plan import (
+    DEFAULT_SHUFFLE_KEY,
+    SHUFFLE_KEYS,
+    Forest,
+    KeyedPlan,
+    ReducePlan,
+    flatten_keyed,
+    flatten_reduce,
+    plan_keyed,
+    plan_reduce,
+    window_id,
+)
 from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, unite_ops
 from combee.prompts import (
     DEFAULT_PROMPTS,
@@ -45,12 +56,9 @@ from combee.screen import screen_ops, screen_reflection
 from combee.sections import DEFAULT_SECTIONS, SECTION_THRESHOLD, canonical_sections, section_choices
 
 __all__ = [
-    "DEFAULT_SHUFFLE_KEY",
-    "SHUFFLE_KEYS",
     "CallOutcome",
     "Method",
     "MethodConfig",
-    "ShuffleKey",
     "Window",
     "WindowResult",
     "canonical_reflections",
@@ -79,13 +87,6 @@ class Method(enum.StrEnum):
     COMBEE = "combee"
     SEQUENTIAL = "sequential"
     NAIVE = "naive"
-
-
-ShuffleKey = Literal["none", "section", "section-union"]
-SHUFFLE_KEYS: tuple[str, ...] = get_args(ShuffleKey)
-DEFAULT_SHUFFLE_KEY: ShuffleKey = "section-union"
-"""The default reduce shape. The evidence for it, real model and SIMULATED, with the files it comes from:
-docs/benchmarks.md (figures are kept there, not here, so that they cannot go stale in the code)."""
 
 
 def reflection_key(reflection: Reflection) -> str:

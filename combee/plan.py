@@ -20,13 +20,17 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 __all__ = [
+    "DEFAULT_SHUFFLE_KEY",
+    "SHUFFLE_KEYS",
     "Forest",
     "GroupPlan",
     "KeyedPlan",
     "MergeNode",
     "ReducePlan",
+    "ShuffleKey",
     "TreePlan",
     "augmented_shuffle",
     "flatten_keyed",
@@ -39,6 +43,14 @@ __all__ = [
     "seed_of",
     "window_id",
 ]
+
+
+ShuffleKey = Literal["none", "section", "section-union"]
+SHUFFLE_KEYS: tuple[str, ...] = get_args(ShuffleKey)
+DEFAULT_SHUFFLE_KEY: ShuffleKey = "section-union"
+"""The default reduce shape: how a window's reflections are routed and reduced. The evidence for it, real model
+and SIMULATED, with the files it comes from: docs/benchmarks.md (figures are kept there, not here, so that they
+cannot go stale in the code)."""
 
 
 def window_id(namespace: str, source: str, first_offset: int, last_offset: int) -> str:

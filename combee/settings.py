@@ -14,8 +14,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from combee.controller import DEFAULT_BS, DEFAULT_BS_MAX, DEFAULT_BS_MIN, DEFAULT_TRIAL_SIZES
 from combee.dedup import DEFAULT_THRESHOLD
-from combee.engine import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.llm import DEFAULT_REASONING_MODELS, Role
+from combee.plan import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.promptdiff import MAX_DIFF_VERSIONS
 from combee.sections import DEFAULT_SECTIONS
 

@@ -23,9 +23,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from combee.engine import ShuffleKey
 from combee.evidence import Explanation, LessonLine
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
+from combee.plan import ShuffleKey
 from combee.scan import ReduceTracker
 
 __all__ = [

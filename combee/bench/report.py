@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from combee.bench.spec import PAPER_FORMULA_NAIVE
-from combee.engine import DEFAULT_SHUFFLE_KEY
+from combee.plan import DEFAULT_SHUFFLE_KEY
 
 __all__ = [
     "CALIBRATION_TOLERANCE",

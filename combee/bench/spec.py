@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from combee.controller import DEFAULT_BS_MAX, DEFAULT_TRIAL_SIZES
-from combee.engine import DEFAULT_SHUFFLE_KEY
+from combee.plan import DEFAULT_SHUFFLE_KEY
 
 __all__ = [
     "PAPER_FORMULA_NAIVE",
@@ -182,7 +182,7 @@ class BenchConfig:
             raise ValueError(f"unknown serving profile {self.profile!r} (choose among {', '.join(PROFILES)})")
         if not self.merge_factors or len(set(self.merge_factors)) != len(self.merge_factors):
             raise ValueError("merge factors must be distinct, and at least one")
-        from combee.engine import SHUFFLE_KEYS
+        from combee.plan import SHUFFLE_KEYS
 
         if not self.shuffle_keys or set(self.shuffle_keys) - set(SHUFFLE_KEYS):
             raise ValueError(f"reduce shapes are among {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_keys}")

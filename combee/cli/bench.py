@@ -61,7 +61,7 @@ def _grids(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 def _shapes(text: str) -> tuple[str, ...]:
-    from combee.engine import SHUFFLE_KEYS
+    from combee.plan import SHUFFLE_KEYS
 
     values = tuple(part.strip() for part in text.split(",") if part.strip())
     if not values or set(values) - set(SHUFFLE_KEYS) or len(set(values)) != len(values):
@@ -70,7 +70,7 @@ def _shapes(text: str) -> tuple[str, ...]:
 
 
 def _shape(text: str) -> str:
-    from combee.engine import SHUFFLE_KEYS
+    from combee.plan import SHUFFLE_KEYS
 
     value = text.strip()
     if value not in SHUFFLE_KEYS:

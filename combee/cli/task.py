@@ -45,7 +45,7 @@ NO_LEARNING = "none"  # --methods none: only the empty playbook is evaluated
 
 def _variant(name: str) -> tuple[str, str | None, int | None]:
     """``combee:SHAPE[:pN]`` -> ("combee", SHAPE, N); a plain method -> (method, None, None). Raises ValueError."""
-    from combee.engine import SHUFFLE_KEYS
+    from combee.plan import SHUFFLE_KEYS
 
     method, *rest = name.split(":")
     if method not in METHODS or (rest and method != "combee") or len(rest) > 2:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from combee.engine import DEFAULT_SHUFFLE_KEY, MethodConfig, Window, run_window
+from combee.engine import MethodConfig, Window, run_window
 from combee.models import LIMITS, Playbook, Trace
+from combee.plan import DEFAULT_SHUFFLE_KEY
 from combee.playbook import render_prompt
 from combee.settings import Settings
 from combee.sim.inproc import InProcessSim

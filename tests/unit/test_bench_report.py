@@ -138,7 +138,7 @@ def test_retention_criteria_judge_retention_at_sequentials_prompt_size() -> None
 
 
 def test_the_shipped_shape_is_judged_at_batch_100_when_it_ran() -> None:
-    from combee.engine import DEFAULT_SHUFFLE_KEY
+    from combee.plan import DEFAULT_SHUFFLE_KEY
 
     runs = sweep()
     assert by_name(acceptance(runs, {"n_traces": 500}))["default100_retention"].status == "not run"

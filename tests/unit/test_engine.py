@@ -133,7 +133,7 @@ async def test_critical_path_uses_service_times():
 
 
 def test_the_default_reduce_is_the_keyed_union() -> None:
-    from combee.engine import DEFAULT_SHUFFLE_KEY
+    from combee.plan import DEFAULT_SHUFFLE_KEY
     from combee.settings import Settings
     from combee.wiring import method_config
 
