@@ -1,4 +1,5 @@
-"""The one settings object, read once at an entry point (CLI, worker). Core functions take plain values.
+"""The one settings object, read once at an entry point (CLI, worker). Core functions take plain values;
+modules of ``streams/`` take the section they need (streams/settings.py), which every Settings object is.
 
 Every field can be set by an environment variable ``COMBEE_<FIELD>`` (case-insensitive). The standard
 ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` variables work too. Secrets are ``SecretStr``: they never print.
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from combee.controller import DEFAULT_BS, DEFAULT_BS_MAX, DEFAULT_BS_MIN, DEFAULT_TRIAL_SIZES
 from combee.dedup import DEFAULT_THRESHOLD
@@ -18,11 +19,16 @@ from combee.llm import DEFAULT_REASONING_MODELS, Role
 from combee.plan import DEFAULT_SHUFFLE_KEY, ShuffleKey
 from combee.promptdiff import MAX_DIFF_VERSIONS
 from combee.sections import DEFAULT_SECTIONS
+from streams.settings import StreamSettings
 
 __all__ = ["Settings"]
 
 
-class Settings(BaseSettings):
+class Settings(StreamSettings):
+    """The wire's sections (streams/settings.py: Kafka, topics, Redis, the control key) plus the LLM endpoint,
+    the method and the workers' fields. Callers and environment names do not depend on which section holds a
+    field."""
+
     model_config = SettingsConfigDict(env_prefix="COMBEE_", extra="ignore", case_sensitive=False)
 
     # --- LLM endpoint ---
@@ -78,30 +84,7 @@ class Settings(BaseSettings):
     embeddings_threads: int = Field(default=2, ge=1)  # CPU threads of the local model
     embeddings_tokenizer: Path | None = None  # the local model's tokenizer.json; unset: where install puts it
 
-    # --- streaming ---
-    kafka_bootstrap: str = "127.0.0.1:9092"
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    kafka_ssl_cafile: Path | None = None
-    kafka_ssl_certfile: Path | None = None
-    kafka_ssl_keyfile: Path | None = None
-    topic_prefix: str = "combee"
-    partitions: int = Field(default=4, ge=1)
-    # How long the traces topic keeps a trace (its retention.ms when the topic is created): -1 keeps them forever
-    # (replay can relearn from the first trace); a bound is how long a trace, personal data included, survives.
-    traces_retention_ms: int = Field(default=-1, ge=-1)
-    # Copies of every topic Combee creates (its own and Faust's), and how many must have a write before the
-    # broker acknowledges it (producers use acks=all). 1 suits a single broker; on a cluster of 3, 3 and 2
-    # survive the loss of any one broker with nothing lost. None leaves min.insync.replicas to the broker.
-    replication_factor: int = Field(default=1, ge=1)
-    min_insync_replicas: int | None = Field(default=None, ge=1)
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_username: str | None = None
-    redis_password: SecretStr | None = None
-    redis_ssl_ca_certs: Path | None = None
-    key_prefix: str = "combee"
+    # --- streaming (the wire's own sections, Kafka, topics and Redis, are in streams/settings.py) ---
     max_inflight_windows: int = Field(default=1, ge=1)
     max_wait_s: float = Field(default=30.0, gt=0)
     bs_min: int = Field(default=DEFAULT_BS_MIN, ge=1)
@@ -113,12 +96,6 @@ class Settings(BaseSettings):
     # (role curate); each worker reflects at most reflect_concurrency tasks at a time.
     reflect_task_size: int = Field(default=8, ge=1, le=256)
     reflect_concurrency: int = Field(default=8, ge=1)
-    # How fast a dead worker's partitions move to a live one (Kafka's group session timeout).
-    kafka_session_timeout_s: float = Field(default=10.0, ge=6.0)
-    # How often (seconds) and after how many acked records a worker commits its consumed offsets. A crash
-    # re-delivers whatever was not committed yet; the pipeline's exactly-once effect does not depend on it.
-    kafka_commit_interval_s: float = Field(default=1.0, gt=0)
-    kafka_commit_every: int = Field(default=200, ge=1)
     worker_web_port: int = Field(default=6066, ge=0)
     state_dir: Path = Path("var/dev")
 
@@ -133,11 +110,6 @@ class Settings(BaseSettings):
     # How often (seconds) a worker checks its dependencies (LLM and embeddings endpoints, Kafka, Redis) and
     # writes what it found to Redis for `combee status` and `combee ui`; 0: no checks.
     health_interval_s: float = Field(default=5.0, ge=0)
-
-    # --- trust boundaries (docs/security.md) ---
-    # The HMAC-SHA256 key of control records (rollback): the CLI signs with it, workers that have it apply only
-    # records signed with it (others are dead-lettered and counted). Unset: workers accept unsigned control records.
-    control_key: SecretStr | None = None
 
     # --- the web page (`combee ui`, docs/operations.md) ---
     # Host names the page answers besides localhost, IP addresses and the address it is bound to (a JSON list);

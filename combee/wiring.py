@@ -20,7 +20,6 @@ from combee.llm import Role
 from combee.metrics import LLMPrices, Metrics, NoMetrics
 from combee.playbook import ApplyPolicy
 from combee.settings import Settings
-from streams.topics import Topics
 
 if TYPE_CHECKING:
     from combee.llm_openai import OpenAILLM, RoleRouter
@@ -32,8 +31,6 @@ __all__ = [
     "build_metrics",
     "build_near_duplicates",
     "build_publisher",
-    "build_store",
-    "build_topics",
     "llm_prices",
     "method_config",
     "simulator_llm",
@@ -165,24 +162,6 @@ def method_config(settings: Settings, method: str, group_factor: float = 1.0) ->
         parse_attempts=settings.parse_attempts,
         policy=ApplyPolicy(token_budget=settings.token_budget),
     )
-
-
-def build_topics(settings: Settings) -> Topics:
-    """Combee's topics under the settings' prefix and partition count."""
-    return Topics(
-        prefix=settings.topic_prefix,
-        partitions=settings.partitions,
-        traces_retention_ms=settings.traces_retention_ms,
-    )
-
-
-def build_store(settings: Settings) -> RedisPromptStore:
-    """The Redis prompt store (asyncio client) under the settings' key prefix."""
-    from streams.keys import RedisKeys
-    from streams.redis_connection import build_redis
-    from streams.redis_store import RedisPromptStore
-
-    return RedisPromptStore(build_redis(settings), RedisKeys(settings.key_prefix))
 
 
 def build_publisher(store: RedisPromptStore) -> LatestVersionPublisher:

@@ -37,7 +37,6 @@ import redis.exceptions
 from combee.errors import CombeeError
 from combee.models import validate_namespace
 from combee.promptdiff import VersionRecord
-from combee.settings import Settings
 from streams.keys import RedisKeys
 from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
 from streams.redis_records import (
@@ -49,6 +48,7 @@ from streams.redis_records import (
     reply_float,
     reply_text,
 )
+from streams.settings import RedisSettings
 
 __all__ = ["AsyncPromptClient", "PromptClient", "PromptUnavailable", "PromptVersion"]
 
@@ -203,7 +203,9 @@ def _keys_from(keys: RedisKeys | None, key_prefix: str | None) -> RedisKeys | No
     return RedisKeys(key_prefix) if key_prefix is not None else keys
 
 
-def _options_and_keys(source: Settings | RedisOptions | str, keys: RedisKeys | None) -> tuple[RedisOptions, RedisKeys]:
+def _options_and_keys(
+    source: RedisSettings | RedisOptions | str, keys: RedisKeys | None
+) -> tuple[RedisOptions, RedisKeys]:
     options = RedisOptions.coerce(source)
     return options, keys or RedisKeys(options.key_prefix)
 
@@ -211,16 +213,17 @@ def _options_and_keys(source: Settings | RedisOptions | str, keys: RedisKeys | N
 class PromptClient(_ClientBase):
     """Blocking prompt reader for one namespace (thread-safe; one per namespace and process is plenty).
 
-    ``redis_source`` is a URL, a Settings / RedisOptions object (the client then owns its connection pool,
-    built with ``socket_timeout_s`` and no command retries) or an existing ``redis.Redis`` (not closed by
-    :meth:`close`). Key names come from ``keys``, or ``RedisKeys(key_prefix)``, or the settings' key prefix
-    (default ``combee``). ``clock``/``sleep``/``rng`` are injectable. Raises InvalidNamespace for a bad
-    namespace and ConfigError for unusable connection settings; never connects in the constructor.
+    ``redis_source`` is a URL, settings (any RedisSettings: combee's Settings is one) or RedisOptions (the
+    client then owns its connection pool, built with ``socket_timeout_s`` and no command retries) or an
+    existing ``redis.Redis`` (not closed by :meth:`close`). Key names come from ``keys``, or
+    ``RedisKeys(key_prefix)``, or the settings' key prefix (default ``combee``). ``clock``/``sleep``/``rng``
+    are injectable. Raises InvalidNamespace for a bad namespace and ConfigError for unusable connection
+    settings; never connects in the constructor.
     """
 
     def __init__(
         self,
-        redis_source: Settings | RedisOptions | str | redis.Redis,
+        redis_source: RedisSettings | RedisOptions | str | redis.Redis,
         namespace: str,
         *,
         keys: RedisKeys | None = None,
@@ -236,7 +239,7 @@ class PromptClient(_ClientBase):
     ) -> None:
         validate_namespace(namespace)
         keys = _keys_from(keys, key_prefix)
-        if not isinstance(redis_source, str | RedisOptions | Settings):
+        if not isinstance(redis_source, str | RedisOptions | RedisSettings):
             self._redis: redis.Redis = redis_source  # a ready client (or a test double with the same methods)
             self._owns_redis = False
             keys = keys or RedisKeys()
@@ -412,7 +415,7 @@ class AsyncPromptClient(_ClientBase):
 
     def __init__(
         self,
-        redis_source: Settings | RedisOptions | str | redis.asyncio.Redis,
+        redis_source: RedisSettings | RedisOptions | str | redis.asyncio.Redis,
         namespace: str,
         *,
         keys: RedisKeys | None = None,
@@ -428,7 +431,7 @@ class AsyncPromptClient(_ClientBase):
     ) -> None:
         validate_namespace(namespace)
         keys = _keys_from(keys, key_prefix)
-        if not isinstance(redis_source, str | RedisOptions | Settings):
+        if not isinstance(redis_source, str | RedisOptions | RedisSettings):
             self._redis: redis.asyncio.Redis = redis_source
             self._owns_redis = False
             keys = keys or RedisKeys()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from streams.envelopes import Control
 
 if TYPE_CHECKING:
-    from combee.settings import Settings
+    from streams.settings import KafkaSettings
 
 __all__ = ["BAD_SIGNATURE", "UNSIGNED", "canonical", "control_key", "refusal", "sign"]
 
@@ -28,7 +28,7 @@ UNSIGNED = "unsigned"
 BAD_SIGNATURE = "bad_signature"
 
 
-def control_key(settings: Settings) -> bytes | None:
+def control_key(settings: KafkaSettings) -> bytes | None:
     """The key of ``COMBEE_CONTROL_KEY`` as bytes (UTF-8), None when unset or empty."""
     secret = settings.control_key.get_secret_value() if settings.control_key is not None else ""
     return secret.encode() if secret else None

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from combee.forget import ForgetRule, parse_rules
-from combee.settings import Settings
 from streams.keys import RedisKeys
 from streams.redis_connection import build_sync_redis
+
+if TYPE_CHECKING:
+    from streams.settings import RedisSettings
 
 __all__ = ["READ_TIMEOUT_S", "RULES_TTL_S", "CachedRules", "add_rule", "read_rules"]
 
@@ -24,7 +26,7 @@ READ_TIMEOUT_S = 1.0
 log = logging.getLogger("combee.forget")
 
 
-def add_rule(settings: Settings, rule: ForgetRule) -> tuple[ForgetRule, ...]:
+def add_rule(settings: RedisSettings, rule: ForgetRule) -> tuple[ForgetRule, ...]:
     """Record ``rule`` (idempotent) and return every rule now kept."""
     client = build_sync_redis(settings, client_name="combee-forget")
     try:
@@ -35,7 +37,7 @@ def add_rule(settings: Settings, rule: ForgetRule) -> tuple[ForgetRule, ...]:
         client.close()
 
 
-def read_rules(settings: Settings) -> tuple[ForgetRule, ...]:
+def read_rules(settings: RedisSettings) -> tuple[ForgetRule, ...]:
     """Every rule kept under the settings' key prefix."""
     client = build_sync_redis(settings, client_name="combee-forget")
     try:

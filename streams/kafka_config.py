@@ -1,4 +1,4 @@
-"""Kafka client options from :class:`~combee.settings.Settings`, and topic creation/verification.
+"""Kafka client options from :class:`~streams.settings.KafkaSettings`, and topic creation/verification.
 
 One mapping of Combee's security settings to each Kafka client's spelling, so the trace publisher
 (kafka-python), the admin tools (kafka-python) and the workers (aiokafka / Faust) connect the same way:
@@ -35,7 +35,7 @@ from combee.errors import ConfigError, KafkaUnreachable
 from streams.topics import DEFAULT_PARTITIONS, DEFAULT_PREFIX, Topics, TopicSpec
 
 if TYPE_CHECKING:
-    from combee.settings import Settings
+    from streams.settings import KafkaSettings
 
 __all__ = [
     "MaskedSecret",
@@ -74,8 +74,8 @@ class MaskedSecret(str):
         return "'***'"
 
 
-def bootstrap_servers(kafka: Settings | str) -> str:
-    """The bootstrap list of a Settings object, or the string itself."""
+def bootstrap_servers(kafka: KafkaSettings | str) -> str:
+    """The bootstrap list of Kafka settings, or the string itself."""
     return kafka if isinstance(kafka, str) else kafka.kafka_bootstrap
 
 
@@ -113,7 +113,7 @@ def check_kafka_reachable(bootstrap: str, timeout_s: float = 3.0) -> str | None:
     return "; ".join(reasons)
 
 
-def require_kafka(kafka: Settings | str, timeout_s: float = 3.0) -> None:
+def require_kafka(kafka: KafkaSettings | str, timeout_s: float = 3.0) -> None:
     """Raise :class:`~combee.errors.KafkaUnreachable` — one line naming the address and the command that starts
     a local broker — when no bootstrap address of ``kafka`` accepts a connection within ``timeout_s``."""
     bootstrap = bootstrap_servers(kafka)
@@ -136,7 +136,7 @@ class _Security:
     keyfile: str | None
 
 
-def _security(settings: Settings) -> _Security:
+def _security(settings: KafkaSettings) -> _Security:
     """Check the Kafka security settings for consistency; raise ConfigError saying what is wrong."""
     protocol = settings.kafka_security_protocol
     sasl = protocol in ("SASL_PLAINTEXT", "SASL_SSL")
@@ -189,7 +189,7 @@ def _security(settings: Settings) -> _Security:
     )
 
 
-def kafka_security_kwargs(settings: Settings) -> dict[str, Any]:
+def kafka_security_kwargs(settings: KafkaSettings) -> dict[str, Any]:
     """Security options for kafka-python's KafkaProducer / KafkaConsumer / KafkaAdminClient.
 
     PLAINTEXT gives ``{"security_protocol": "PLAINTEXT"}``. SASL protocols add the mechanism and the
@@ -214,7 +214,7 @@ def kafka_security_kwargs(settings: Settings) -> dict[str, Any]:
     return out
 
 
-def aiokafka_security_kwargs(settings: Settings) -> dict[str, Any]:
+def aiokafka_security_kwargs(settings: KafkaSettings) -> dict[str, Any]:
     """The same options in aiokafka's spelling (AIOKafkaProducer / AIOKafkaConsumer / AIOKafkaAdminClient).
 
     For SSL protocols ``ssl_context`` is an :class:`ssl.SSLContext` from
@@ -237,7 +237,7 @@ def aiokafka_security_kwargs(settings: Settings) -> dict[str, Any]:
     return out
 
 
-def faust_security_kwargs(settings: Settings) -> dict[str, Any]:
+def faust_security_kwargs(settings: KafkaSettings) -> dict[str, Any]:
     """Faust's ``broker_credentials`` from the Kafka security settings (SASL and/or TLS); ``{}`` for PLAINTEXT."""
     if settings.kafka_security_protocol == "PLAINTEXT":
         return {}
@@ -336,7 +336,7 @@ def _config_drift(admin: Any, specs: list[TopicSpec]) -> dict[str, dict[str, tup
 
 
 def ensure_topics(
-    kafka: Settings | str,
+    kafka: KafkaSettings | str,
     topics: Topics,
     *,
     timeout_s: float = 30.0,
@@ -474,7 +474,9 @@ def topic_states(specs: list[TopicSpec], described: Mapping[str, Mapping[str, An
     return states
 
 
-def _admin(kafka: Settings | str, client_id: str, timeout_s: float, admin_factory: Callable[..., Any] | None) -> Any:
+def _admin(
+    kafka: KafkaSettings | str, client_id: str, timeout_s: float, admin_factory: Callable[..., Any] | None
+) -> Any:
     if admin_factory is None:
         from kafka.admin import KafkaAdminClient
 
@@ -493,7 +495,7 @@ def _admin(kafka: Settings | str, client_id: str, timeout_s: float, admin_factor
 
 
 def describe_topics(
-    kafka: Settings | str,
+    kafka: KafkaSettings | str,
     topics: Topics,
     *,
     timeout_s: float = 10.0,
@@ -513,7 +515,7 @@ def describe_topics(
 
 
 def missing_topics(
-    kafka: Settings | str,
+    kafka: KafkaSettings | str,
     names: list[str],
     *,
     timeout_s: float = 10.0,
@@ -547,7 +549,7 @@ def create_topics_command(bootstrap: str, topics: Topics) -> str:
 
 
 def delete_prefixed_topics(
-    kafka: Settings | str, prefix: str, *, timeout_s: float = 30.0, admin_factory: Callable[..., Any] | None = None
+    kafka: KafkaSettings | str, prefix: str, *, timeout_s: float = 30.0, admin_factory: Callable[..., Any] | None = None
 ) -> list[str]:
     """Delete every topic whose name starts with ``prefix.`` (Combee's topics under it) or ``prefix-`` (Faust's
     own, e.g. ``<prefix>-worker-__assignor-__leader``); returns their names, sorted. For throw-away runs (the

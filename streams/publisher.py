@@ -38,7 +38,7 @@ from streams.topics import Topics
 if TYPE_CHECKING:
     from kafka.producer.future import FutureRecordMetadata
 
-    from combee.settings import Settings
+    from streams.settings import StreamSettings
 
 __all__ = ["Compression", "ProducerLike", "TracePublisher", "encode_trace"]
 
@@ -109,7 +109,7 @@ def _compression_type(compression: Compression) -> str | None:
 class TracePublisher:
     """Send agent traces to the ``traces`` topic; usable as a context manager (closes, flushing, on exit).
 
-    ``kafka`` is a bootstrap string (``"host:9092,host2:9092"``) or a Settings object (then its security
+    ``kafka`` is a bootstrap string (``"host:9092,host2:9092"``) or Kafka settings (then their security
     settings apply, see :func:`streams.kafka_config.kafka_security_kwargs`, and ``topics`` defaults to its
     ``topic_prefix``). Construction connects to the cluster (kafka-python bootstraps eagerly) and raises
     kafka-python's ``NoBrokersAvailable`` if it cannot, or ConfigError for bad settings.
@@ -126,7 +126,7 @@ class TracePublisher:
 
     def __init__(
         self,
-        kafka: Settings | str,
+        kafka: StreamSettings | str,
         topics: Topics | None = None,
         *,
         client_id: str = "combee-trace-publisher",
@@ -140,7 +140,7 @@ class TracePublisher:
         topic_exists: Callable[[str], bool] | None = None,
     ) -> None:
         if topics is None:
-            topics = Topics() if isinstance(kafka, str) else Topics(kafka.topic_prefix, kafka.partitions)
+            topics = Topics() if isinstance(kafka, str) else kafka.topics()
         if default_namespace is not None:
             validate_namespace(default_namespace)
         self.topics = topics

@@ -1,4 +1,4 @@
-"""Redis connections: options from :class:`~combee.settings.Settings`, the asyncio and blocking clients, and
+"""Redis connections: options from :class:`~streams.settings.RedisSettings`, the asyncio and blocking clients, and
 keeping secrets out of what this package says.
 
 :func:`build_redis` / :func:`build_sync_redis` make clients with TLS, credentials, timeouts and health checks.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import redis
 import redis.asyncio
@@ -24,11 +24,9 @@ from redis.backoff import ExponentialWithJitterBackoff
 from combee.errors import ConfigError
 from combee.redaction import URL_CREDENTIALS, redact, redact_url, url_secrets
 
-if TYPE_CHECKING:
-    from combee.settings import Settings
-
 __all__ = [
     "RedisOptions",
+    "RedisSource",
     "build_redis",
     "build_sync_redis",
     "client_secrets",
@@ -70,9 +68,15 @@ def is_retryable(exc: BaseException) -> bool:
 # ---------------------------------------------------------------------------------------------------------
 
 
+class RedisSource(Protocol):
+    """What can say where Redis is: :class:`streams.settings.RedisSettings` (so combee's Settings) is one."""
+
+    def redis_options(self) -> RedisOptions: ...
+
+
 @dataclass(frozen=True, repr=False)
 class RedisOptions:
-    """Where and how to connect: the Redis fields of :class:`~combee.settings.Settings`, without the rest.
+    """Where and how to connect: the fields of :class:`~streams.settings.RedisSettings` (``settings.redis_options()``).
 
     ``url`` is ``redis://``, ``rediss://`` (TLS) or ``unix://``. Credentials may be in the URL *or* in
     ``username``/``password``, not both. ``ssl_ca_certs`` turns TLS on (and verifies the server against that CA).
@@ -86,23 +90,14 @@ class RedisOptions:
     key_prefix: str = "combee"
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RedisOptions:
-        return cls(
-            url=settings.redis_url,
-            username=settings.redis_username,
-            password=settings.redis_password,
-            ssl_ca_certs=settings.redis_ssl_ca_certs,
-            key_prefix=settings.key_prefix,
-        )
-
-    @classmethod
-    def coerce(cls, source: Settings | RedisOptions | str) -> RedisOptions:
-        """Accept a URL, a Settings object or RedisOptions."""
+    def coerce(cls, source: RedisSource | RedisOptions | str) -> RedisOptions:
+        """Accept a URL, settings (anything with ``redis_options()``: :class:`~streams.settings.RedisSettings`) or
+        RedisOptions."""
         if isinstance(source, RedisOptions):
             return source
         if isinstance(source, str):
             return cls(url=source)
-        return cls.from_settings(source)
+        return source.redis_options()
 
     def __repr__(self) -> str:
         return (
@@ -174,7 +169,7 @@ class RedisOptions:
 
 
 def build_redis(
-    settings: Settings | RedisOptions | str,
+    settings: RedisSource | RedisOptions | str,
     *,
     socket_timeout_s: float = 5.0,
     connect_timeout_s: float = 2.0,
@@ -204,7 +199,7 @@ def build_redis(
 
 
 def build_sync_redis(
-    settings: Settings | RedisOptions | str,
+    settings: RedisSource | RedisOptions | str,
     *,
     socket_timeout_s: float = 5.0,
     connect_timeout_s: float = 2.0,

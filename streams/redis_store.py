@@ -45,7 +45,7 @@ from combee.redaction import redact
 from combee.store import PromptStore, PublishedPrompt
 from combee.tokens import estimate_tokens
 from streams.keys import RedisKeys
-from streams.redis_connection import client_secrets
+from streams.redis_connection import build_redis, client_secrets
 from streams.redis_records import (
     MAX_VERSION,
     RECORD_FIELDS,
@@ -58,7 +58,7 @@ from streams.redis_records import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from streams.settings import RedisSettings
 
 __all__ = [
     "DEFAULT_HISTORY_LIMIT",
@@ -213,6 +213,25 @@ class RedisPromptStore(PromptStore):
         self._secrets = client_secrets(redis)
         if self.keys.version("ns", 0)[:-1] + "1234" != self.keys.version("ns", 1234):
             raise ConfigError("RedisKeys.version(ns, N) must end in N for the publish script to trim old versions")
+
+    @classmethod
+    def from_settings(
+        cls, settings: RedisSettings, *, client_name: str = "combee", history_limit: int = DEFAULT_HISTORY_LIMIT
+    ) -> RedisPromptStore:
+        """The store under the settings' key prefix, on an asyncio client of its own (the one way settings become
+        a store); :meth:`aclose` closes that client."""
+        return cls(
+            build_redis(settings, client_name=client_name), RedisKeys(settings.key_prefix), history_limit=history_limit
+        )
+
+    @property
+    def redis(self) -> redis.asyncio.Redis:
+        """The client the store reads and writes with."""
+        return self._redis
+
+    async def aclose(self) -> None:
+        """Close the store's client (its connection pool)."""
+        await self._redis.aclose()
 
     def __repr__(self) -> str:
         return f"RedisPromptStore(prefix={self.keys.prefix!r}, history_limit={self.history_limit})"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -27,12 +27,14 @@ from combee.errors import CombeeError, ConfigError
 from combee.forget import ForgetRule, forgotten
 from combee.models import Trace, validate_namespace
 from combee.plan import window_id
-from combee.settings import Settings
 from streams.codec import CodecError, decode_trace, encode
 from streams.deltalog import split_log
 from streams.envelopes import DeltaRecord, WindowEnvelope
 from streams.kafka_config import kafka_security_kwargs, require_kafka
-from streams.topics import Topics, partition_for
+from streams.topics import partition_for
+
+if TYPE_CHECKING:
+    from streams.settings import StreamSettings
 
 __all__ = ["ReplayReport", "replay"]
 
@@ -75,12 +77,12 @@ def _read(consumer: KafkaConsumer, tp: TopicPartition, start: int, end: int) -> 
 
 
 def replay(
-    settings: Settings,
+    settings: StreamSettings,
     *,
     namespace: str,
     into: str,
     start: str = "earliest",
-    batch_size: int | None = None,
+    batch_size: int,
     windows: str = "logged",
     rules: Sequence[ForgetRule] = (),
 ) -> ReplayReport:
@@ -90,7 +92,7 @@ def replay(
     validate_namespace(into)
     if into == namespace:
         raise ConfigError("replay into a different namespace (or a new lineage name), not into the source")
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    topics = settings.topics()
     part = partition_for(namespace.encode(), topics.partitions)
     security = kafka_security_kwargs(settings)
     require_kafka(settings)
@@ -127,8 +129,7 @@ def replay(
         raise CombeeError(
             f"no traces of {namespace!r}{also} in {topics.traces}[{part}] from offset {first} to {end - 1}"
         )
-    size = batch_size or settings.bs_default
-    plan = _cut(traces, logged, size, namespace, part)
+    plan = _cut(traces, logged, batch_size, namespace, part)
     source = f"replay:{namespace}:p{part}"
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **security)
     try:

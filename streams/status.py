@@ -6,19 +6,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from combee.settings import Settings
-from streams.keys import RedisKeys
 from streams.topics import Topics, partition_for
 
 if TYPE_CHECKING:
     from streams.redis_store import RedisPromptStore
+    from streams.settings import KafkaSettings, RedisSettings, StreamSettings
 
 __all__ = ["NamespaceState", "collect_status", "namespace_state", "read_namespace_state", "traces_lag"]
 
 NamespaceState = Literal["published", "learning", "unknown"]
 
 
-def traces_lag(settings: Settings, topics: Topics) -> dict[int, int | None]:
+def traces_lag(settings: KafkaSettings, topics: Topics) -> dict[int, int | None]:
     """Per traces partition: end offset minus the learner group's committed offset (None if unknown).
     Raises KafkaUnreachable at once when no bootstrap address answers."""
     from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
@@ -30,7 +29,7 @@ def traces_lag(settings: Settings, topics: Topics) -> dict[int, int | None]:
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **security)
     consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, **security)
     try:
-        group = f"{settings.topic_prefix}-worker"
+        group = f"{topics.prefix}-worker"
         tps = [TopicPartition(topics.traces, p) for p in range(topics.partitions)]
         committed = admin.list_group_offsets({group: tps}).get(group, {})
         ends = consumer.end_offsets(tps)
@@ -54,21 +53,20 @@ async def namespace_state(store: RedisPromptStore, namespace: str) -> NamespaceS
     return "unknown"
 
 
-async def read_namespace_state(settings: Settings, namespace: str) -> tuple[NamespaceState, dict[str, Any] | None]:
+async def read_namespace_state(settings: RedisSettings, namespace: str) -> tuple[NamespaceState, dict[str, Any] | None]:
     """:func:`namespace_state` of ``namespace`` with its worker's report (None: none), over a connection of its
     own. Raises redis-py's errors when Redis cannot be read."""
-    from streams.redis_connection import build_redis
     from streams.redis_store import RedisPromptStore
 
-    redis = build_redis(settings)
-    store = RedisPromptStore(redis, RedisKeys(settings.key_prefix))
+    store = RedisPromptStore.from_settings(settings)
+    redis = store.redis
     try:
         return await namespace_state(store, namespace), await store.get_status(namespace)
     finally:
         await redis.aclose()
 
 
-async def collect_status(settings: Settings, namespace: str | None = None) -> dict[str, Any]:
+async def collect_status(settings: StreamSettings, namespace: str | None = None) -> dict[str, Any]:
     """``{"namespaces": [row, ...], "workers": [health report, ...], "kafka_error": str | None}``.
 
     A row per namespace published or seen by a worker (or just ``namespace``): its ``state`` (see
@@ -77,12 +75,11 @@ async def collect_status(settings: Settings, namespace: str | None = None) -> di
     unknown and says why in ``kafka_error``; Redis unreachable raises redis-py's error.
     """
     from combee.errors import KafkaUnreachable
-    from streams.redis_connection import build_redis
     from streams.redis_store import RedisPromptStore
 
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-    redis = build_redis(settings)
-    store = RedisPromptStore(redis, RedisKeys(settings.key_prefix))
+    topics = settings.topics()
+    store = RedisPromptStore.from_settings(settings)
+    redis = store.redis
     try:
         known = set(await store.namespaces()) | set(await store.seen_namespaces())
         names = [namespace] if namespace else sorted(known)

@@ -14,11 +14,10 @@ from combee.wiring import (
     build_metrics,
     build_near_duplicates,
     build_publisher,
-    build_store,
-    build_topics,
     method_config,
 )
 from streams.kafka_config import aiokafka_security_kwargs, ensure_topics, faust_security_kwargs, require_kafka
+from streams.redis_store import RedisPromptStore
 from workers.app import ROLES, create_app
 from workers.health import build_health
 
@@ -41,10 +40,10 @@ def run_worker(
     """
     metrics = build_metrics(settings)  # first: a taken port fails before anything connects
     require_kafka(settings)
-    ensure_topics(settings, build_topics(settings))
+    ensure_topics(settings, settings.topics())
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
-    store = build_store(settings)
+    store = RedisPromptStore.from_settings(settings)
     app, _ = create_app(
         settings,
         roles=roles,

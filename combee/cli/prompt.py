@@ -207,16 +207,15 @@ def _diff(client: PromptClient, args: argparse.Namespace) -> None:
 
 
 def _repair(settings: Any, namespace: str) -> int:
-    from streams.keys import RedisKeys
-    from streams.redis_connection import build_redis
     from streams.redis_repair import repair_namespace
+    from streams.redis_store import RedisPromptStore
 
     async def run() -> Any:
-        redis = build_redis(settings, client_name="combee-repair")
+        store = RedisPromptStore.from_settings(settings, client_name="combee-repair")
         try:
-            return await repair_namespace(redis, RedisKeys(settings.key_prefix), namespace)
+            return await repair_namespace(store.redis, store.keys, namespace)
         finally:
-            await redis.aclose()
+            await store.aclose()
 
     outcome = asyncio.run(run())
     removed = f"; removed {outcome.removed} history entries above 2**53 - 1" if outcome.removed else ""
@@ -230,26 +229,12 @@ def _repair(settings: Any, namespace: str) -> int:
 
 
 def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> int:
-    from kafka import KafkaProducer
-
-    from streams.codec import encode
-    from streams.control_auth import control_key, sign
-    from streams.envelopes import Control
-    from streams.kafka_config import kafka_security_kwargs, require_kafka
-    from streams.topics import Topics
+    from streams.control import request_rollback
 
     before = client.get().version
     if not 1 <= args.to <= before:
         raise CliError(f"no version {args.to} to roll back to (current is {before})")
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-    require_kafka(settings)
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **kafka_security_kwargs(settings))
-    ctrl = Control(namespace=args.namespace, kind="rollback", to_version=args.to, requested_at=time.time())
-    key = control_key(settings)
-    if key is not None:
-        ctrl = sign(ctrl, key)
-    producer.send(topics.partials, key=args.namespace.encode(), value=encode(ctrl)).get(timeout=30)
-    producer.close()
+    signed = request_rollback(settings, args.namespace, args.to)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         v = client.get()
@@ -259,7 +244,7 @@ def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> 
         time.sleep(0.5)
     raise CliError(
         f"rollback requested, but no new version appeared within {args.timeout:g}s (is a worker running? "
-        f"The request was {'signed with this' if key else 'not signed: no'} COMBEE_CONTROL_KEY; a worker whose "
+        f"The request was {'signed with this' if signed else 'not signed: no'} COMBEE_CONTROL_KEY; a worker whose "
         "key differs dead-letters it)",
         4,
     )

@@ -23,11 +23,10 @@ def add_publish_command(sub: Any) -> None:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from streams.publisher import TracePublisher
-    from streams.topics import Topics
 
     settings = stream_settings(args)
     traces, skipped = load_trace_file(args.traces, args.namespace, sys.stderr)
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    topics = settings.topics()
     with TracePublisher(settings, topics) as publisher:
         publisher.publish_many(traces)
         publisher.flush(60)

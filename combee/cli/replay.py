@@ -43,7 +43,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         into=args.into,
         start=args.start,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or settings.bs_default,
         windows=args.windows,
         rules=read_rules(settings),
     )

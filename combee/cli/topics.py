@@ -69,10 +69,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
         report = create_topics(settings, timeout_s=args.timeout)
         _print_report(report, settings, sys.stdout)
         return 0
-    from combee.wiring import build_topics
     from streams.kafka_config import create_topics_command, describe_topics
 
-    topics = build_topics(settings)
+    topics = settings.topics()
     states = describe_topics(settings, topics, timeout_s=args.timeout)
     print(format_states(states), end="")
     if any(not s.exists for s in states):
@@ -87,10 +86,9 @@ def create_topics(settings: Settings, *, timeout_s: float = 30.0) -> TopicsRepor
     Raises ConfigError when an existing topic has another partition count or the broker refuses a creation;
     kafka-python's errors when Kafka cannot be reached.
     """
-    from combee.wiring import build_topics
     from streams.kafka_config import ensure_topics
 
-    return ensure_topics(settings, build_topics(settings), timeout_s=timeout_s)
+    return ensure_topics(settings, settings.topics(), timeout_s=timeout_s)
 
 
 def _print_report(report: TopicsReport, settings: Settings, out: TextIO) -> None:

@@ -56,13 +56,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
 async def _serve(settings: Settings, host: str, port: int, hosts: tuple[str, ...], max_diff: int) -> None:
     from combee.redaction import redact_url
     from combee.ui.server import serve
-    from streams.keys import RedisKeys
-    from streams.redis_connection import build_redis
     from streams.redis_store import RedisPromptStore
 
-    redis = build_redis(settings, client_name="combee-ui")
+    store = RedisPromptStore.from_settings(settings, client_name="combee-ui")
     try:
-        store = RedisPromptStore(redis, RedisKeys(settings.key_prefix))
         await serve(
             store,
             host,
@@ -73,4 +70,4 @@ async def _serve(settings: Settings, host: str, port: int, hosts: tuple[str, ...
             max_diff_versions=max_diff,
         )
     finally:
-        await redis.aclose()
+        await store.aclose()

@@ -166,3 +166,28 @@ def test_no_private_name_is_read_from_another_module() -> None:
                 if module is not None:
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {module}.{node.attr}")
     assert offenders == []
+
+
+# The wire (streams/) sits below the method: it takes its settings sections from streams/settings.py and never
+# loads the engine, the learner, the wiring or the whole settings object (issue 27).
+WIRE = "streams"
+ABOVE_THE_WIRE = ("combee.settings", "combee.wiring", "combee.engine", "combee.learner")
+
+
+def _wire_offenders(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if name == WIRE or name.startswith(WIRE + ".")
+        for target in sorted(targets)
+        if target in ABOVE_THE_WIRE
+    ]
+
+
+def test_the_wire_does_not_import_the_method_or_the_settings_object() -> None:
+    assert _wire_offenders(_edges()) == []
+
+
+def test_the_wire_rule_finds_an_offender() -> None:
+    graph = {"streams.status": {"combee.settings", "streams.topics"}, "combee.cli.x": {"combee.settings"}}
+    assert _wire_offenders(graph) == ["streams.status imports combee.settings"]

@@ -6,7 +6,6 @@ import pytest
 
 from combee.models import LIMITS
 from combee.settings import Settings
-from combee.wiring import build_topics
 from streams.topics import MAX_MESSAGE_BYTES, TRACES_MAX_MESSAGE_BYTES, Topics
 
 
@@ -24,10 +23,10 @@ def test_the_traces_topic_takes_no_record_much_larger_than_the_trace_limit() -> 
 
 
 def test_the_traces_retention_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _config(build_topics(Settings()), "combee.traces")["retention.ms"] == "-1"  # default: kept forever
+    assert _config(Settings().topics(), "combee.traces")["retention.ms"] == "-1"  # default: kept forever
     week = 7 * 24 * 3600 * 1000
     monkeypatch.setenv("COMBEE_TRACES_RETENTION_MS", str(week))
-    topics = build_topics(Settings())
+    topics = Settings().topics()
     assert _config(topics, topics.traces)["retention.ms"] == str(week)
     assert _config(topics, topics.deltas)["retention.ms"] == "-1"  # only the traces' retention is the setting's
 
