@@ -210,15 +210,17 @@ class Pipeline:
             dead = [w for w in self.workers if not w.alive()]
             if dead and not any(w.alive() for w in self.workers):
                 raise AssertionError("every worker exited:\n" + dead[-1].tail())
-            counts = {}
-            for rec in self.deltas():
+            counts: dict[str, int] = {}
+            newest: dict[str, int] = {}
+            for rec in self.deltas():  # one read of the log per poll (it was 1 + one per namespace)
                 counts[rec.namespace] = counts.get(rec.namespace, 0) + rec.trace_count
+                newest[rec.namespace] = max(newest.get(rec.namespace, 0), rec.version)
             return all(counts.get(ns, 0) >= n for ns, n in expected.items()) and all(
-                self.current_version(ns) == max(r.version for r in self.deltas(ns)) for ns in expected
+                self.current_version(ns) == newest[ns] for ns in expected
             )
 
         try:
-            wait_until(done, timeout_s, f"all traces learned {expected}", poll_s=1.0)
+            wait_until(done, timeout_s, f"all traces learned {expected}", poll_s=0.5)
         except AssertionError as exc:
             tail = self.workers[-1].tail() if self.workers else ""
             raise AssertionError(f"{exc}\n--- worker log ---\n{tail}") from None
