@@ -39,6 +39,7 @@ from tests.support import wait_until
 class Worker:
     proc: subprocess.Popen[bytes]
     log: Path
+    terminated: bool = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -48,9 +49,15 @@ class Worker:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
-    def stop(self) -> None:
-        if self.alive():
+    def terminate(self) -> None:
+        """SIGTERM, once, without waiting (:meth:`stop` waits)."""
+        if not self.terminated and self.alive():
             self.proc.terminate()
+        self.terminated = True
+
+    def stop(self) -> None:
+        self.terminate()
+        if self.alive():
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -129,6 +136,8 @@ class Pipeline:
         return worker
 
     def close(self) -> None:
+        for w in self.workers:  # all leave at once (each takes about a second to shut down), then wait
+            w.terminate()
         for w in self.workers:
             w.stop()
         if self.sim is not None:
