@@ -35,14 +35,14 @@ demo: $(DEMO)           ## the main job end to end: services, simulator, workers
 	.venv/bin/combee demo
 
 test: $(STAMP)          ## the whole suite against real Kafka + Redis started (and stopped) by deploy/
-	$(PY) -m deploy.local exec -- $(PY) -m pytest -q
+	$(PY) -m deploy.local exec -- $(PY) -m pytest -q --durations=30
 
 test-unit: $(STAMP)     ## the pure tests only (seconds; no services)
 	$(PY) -m pytest -q tests/unit
 
 # The fault-injection suite (docs/reliability.md) starts its OWN Kafka + Redis on free ports and stops them.
 faults-short: $(STAMP)  ## every fault scenario once, short, with the SASL_SSL and Redis ACL tests and one 3-broker run (CI: ~8 + 1.5 minutes)
-	COMBEE_FAULTS=short COMBEE_FAULTS_SASL=1 COMBEE_FAULTS_CLUSTER=1 $(PY) -m pytest -q -s tests/faults
+	COMBEE_FAULTS=short COMBEE_FAULTS_SASL=1 COMBEE_FAULTS_CLUSTER=1 $(PY) -m pytest -q -s --durations=30 tests/faults
 
 faults: $(STAMP)        ## the full fault suite of issue #5: every scenario 3 runs in a row, SASL/TLS, secrets (~1 h)
 	COMBEE_FAULTS=full COMBEE_FAULTS_RUNS=3 $(PY) -m pytest -q -s tests/faults --deselect tests/faults/test_soak.py::test_soak

@@ -18,9 +18,11 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
+from combee.labels import OTHER, BoundedLabels
 from combee.llm import Role
 from combee.meter import Meter
 from combee.metrics import LLMPrices
+from combee.quotas import QUOTA_KIND
 
 __all__ = ["FAMILIES", "LATENCY_BUCKETS_S", "PrometheusMetrics", "sample_sum"]
 
@@ -31,8 +33,10 @@ LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300
 class PrometheusMetrics:
     """:class:`combee.metrics.Metrics` on a private Prometheus registry; :meth:`serve` exposes it over HTTP."""
 
-    def __init__(self, prices: LLMPrices | None = None) -> None:
+    def __init__(self, prices: LLMPrices | None = None, max_namespaces: int = 100) -> None:
         self.prices = prices or LLMPrices()
+        # namespaces are chosen by producers: past the first max_namespaces, their series are one, "(other)"
+        self._ns = BoundedLabels(max_namespaces)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._traces = Counter(
@@ -136,35 +140,39 @@ class PrometheusMetrics:
     # --- the port ------------------------------------------------------------------------------------------
 
     def trace_accepted(self, namespace: str, n: int = 1) -> None:
-        self._traces.labels(namespace, "accepted", "").inc(n)
+        self._traces.labels(self._ns(namespace), "accepted", "").inc(n)
 
     def trace_duplicate(self, namespace: str, n: int = 1) -> None:
-        self._traces.labels(namespace, "duplicate", "").inc(n)
+        self._traces.labels(self._ns(namespace), "duplicate", "").inc(n)
 
     def trace_dead_lettered(self, namespace: str, reason: str) -> None:
-        self._traces.labels(namespace, "dead_lettered", reason).inc()
+        self._traces.labels(self._ns(namespace), "dead_lettered", reason).inc()
 
     def window_closed(self, namespace: str) -> None:
-        self._windows.labels(namespace, "closed").inc()
+        self._windows.labels(self._ns(namespace), "closed").inc()
 
     def window_mapped(self, namespace: str, since_closed_s: float) -> None:
-        self._windows.labels(namespace, "mapped").inc()
-        self._latency.labels(namespace, "mapped").observe(max(0.0, since_closed_s))
+        self._windows.labels(self._ns(namespace), "mapped").inc()
+        self._latency.labels(self._ns(namespace), "mapped").observe(max(0.0, since_closed_s))
 
     def window_applied(self, namespace: str, since_closed_s: float) -> None:
-        self._windows.labels(namespace, "applied").inc()
-        self._latency.labels(namespace, "applied").observe(max(0.0, since_closed_s))
+        self._windows.labels(self._ns(namespace), "applied").inc()
+        self._latency.labels(self._ns(namespace), "applied").observe(max(0.0, since_closed_s))
 
     def playbook_size(self, namespace: str, bullets: int) -> None:
-        self._bullets.labels(namespace).set(bullets)
+        if (label := self._ns(namespace)) != OTHER:  # a gauge of many namespaces at once would mean nothing
+            self._bullets.labels(label).set(bullets)
 
     def prompt_published(self, namespace: str, version: int, since_closed_s: float | None) -> None:
-        self._version.labels(namespace).set(version)
+        label = self._ns(namespace)
+        if label != OTHER:
+            self._version.labels(label).set(version)
         if since_closed_s is not None:
-            self._latency.labels(namespace, "published").observe(max(0.0, since_closed_s))
+            self._latency.labels(label, "published").observe(max(0.0, since_closed_s))
 
     def batch_size(self, namespace: str, size: int) -> None:
-        self._batch.labels(namespace).set(size)
+        if (label := self._ns(namespace)) != OTHER:
+            self._batch.labels(label).set(size)
 
     def consumer_lag(self, topic: str, partition: int, lag: int | None) -> None:
         if lag is None:
@@ -200,26 +208,27 @@ class PrometheusMetrics:
         self._llm_calls.labels(role.value, "unavailable").inc()
 
     def fenced_write(self, namespace: str) -> None:
-        self._fenced.labels(namespace).inc()
+        self._fenced.labels(self._ns(namespace)).inc()
 
     def dependency_up(self, dependency: str, up: bool) -> None:
         self._dependency_up.labels(dependency).set(1 if up else 0)
 
     def namespace_seen(self, namespace: str) -> None:
-        for reason in TRACE_ERROR_KINDS:
-            self._traces.labels(namespace, "dead_lettered", reason)
-        if namespace:
-            self._fenced.labels(namespace)
-            self._moved.labels(namespace)
+        label = self._ns(namespace)
+        for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND):
+            self._traces.labels(label, "dead_lettered", reason)
+        if label:
+            self._fenced.labels(label)
+            self._moved.labels(label)
 
     def trace_moved(self, namespace: str) -> None:
-        self._moved.labels(namespace).inc()
+        self._moved.labels(self._ns(namespace)).inc()
 
     def control_refused(self, reason: str) -> None:
         self._controls_refused.labels(reason).inc()
 
     def trace_forgotten(self, namespace: str) -> None:
-        self._traces.labels(namespace, "forgotten", "").inc()
+        self._traces.labels(self._ns(namespace), "forgotten", "").inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

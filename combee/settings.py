@@ -99,11 +99,23 @@ class Settings(StreamSettings):
     worker_web_port: int = Field(default=6066, ge=0)
     state_dir: Path = Path("var/dev")
 
+    # --- quotas (docs/security.md, "Quotas") ---
+    # Traces learned per second per namespace, and per producer (a trace's metadata "producer") within a
+    # namespace, with the burst each may save up; the window stage dead-letters the excess with the reason.
+    # 0: no limit of that kind. The defaults stop a runaway producer, not a fleet's normal traffic.
+    quota_namespace_per_s: float = Field(default=50.0, ge=0, allow_inf_nan=False)
+    quota_namespace_burst: int = Field(default=10_000, ge=1)
+    quota_producer_per_s: float = Field(default=20.0, ge=0, allow_inf_nan=False)
+    quota_producer_burst: int = Field(default=5_000, ge=1)
+
     # --- operations (docs/operations.md) ---
     # Prometheus metrics of a worker on http://<metrics_host>:<metrics_port>/metrics; unset: no metrics, no port.
     # Every worker process on a host needs a port of its own.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
+    # Namespaces with Prometheus series of their own in one worker (the first seen); later ones are counted
+    # together under the namespace label "(other)": producers choose namespaces, the series count stays bounded.
+    metrics_max_namespaces: int = Field(default=100, ge=1)
     # Dollars per 1,000 tokens, for combee_llm_cost_usd_total and `combee learn`'s cost_usd; unset counts 0.
     llm_price_per_1k_prompt: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     llm_price_per_1k_completion: float | None = Field(default=None, ge=0, allow_inf_nan=False)

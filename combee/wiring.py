@@ -19,6 +19,7 @@ from combee.errors import ConfigError
 from combee.llm import Role
 from combee.metrics import LLMPrices, Metrics, NoMetrics
 from combee.playbook import ApplyPolicy
+from combee.quotas import QuotaLedger, Quotas, RateLimit
 from combee.settings import Settings
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ __all__ = [
     "build_metrics",
     "build_near_duplicates",
     "build_publisher",
+    "build_quotas",
     "llm_prices",
     "method_config",
     "simulator_llm",
@@ -77,6 +79,19 @@ def llm_prices(settings: Settings) -> LLMPrices:
     return LLMPrices(settings.llm_price_per_1k_prompt, settings.llm_price_per_1k_completion)
 
 
+def build_quotas(settings: Settings) -> QuotaLedger | None:
+    """The window stage's rate limits (``COMBEE_QUOTA_*``); None when every limit is 0 (off)."""
+
+    def limit(per_s: float, burst: int) -> RateLimit | None:
+        return RateLimit(per_s, burst) if per_s > 0 else None
+
+    quotas = Quotas(
+        namespace=limit(settings.quota_namespace_per_s, settings.quota_namespace_burst),
+        producer=limit(settings.quota_producer_per_s, settings.quota_producer_burst),
+    )
+    return QuotaLedger(quotas) if quotas.active else None
+
+
 def build_metrics(settings: Settings) -> Metrics:
     """The worker's metrics: off (:class:`NoMetrics`, no port opened) unless ``metrics_port`` is set; then
     Prometheus, already answering ``GET /metrics`` on ``metrics_host:metrics_port``.
@@ -88,7 +103,7 @@ def build_metrics(settings: Settings) -> Metrics:
         return NoMetrics()
     from combee.metrics_prometheus import PrometheusMetrics
 
-    metrics = PrometheusMetrics(llm_prices(settings))
+    metrics = PrometheusMetrics(llm_prices(settings), max_namespaces=settings.metrics_max_namespaces)
     try:
         metrics.serve(settings.metrics_port, settings.metrics_host)
     except OSError as exc:

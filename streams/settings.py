@@ -49,6 +49,10 @@ class KafkaSettings(BaseSettings):
     # re-delivers whatever was not committed yet; the pipeline's exactly-once effect does not depend on it.
     kafka_commit_interval_s: float = Field(default=1.0, gt=0)
     kafka_commit_every: int = Field(default=200, ge=1)
+    # How long a starting worker waits for the broker to answer its first requests (creating missing topics)
+    # before it gives up with one line. A broker that does not listen at all fails at once; this bounds the
+    # case where it listens but does not answer (still starting, or refusing a SASL/TLS handshake).
+    kafka_startup_timeout_s: float = Field(default=30.0, gt=0)
     # The HMAC-SHA256 key of control records (rollback): the CLI signs with it, workers that have it apply only
     # records signed with it (others are dead-lettered and counted). Unset: workers accept unsigned control records.
     control_key: SecretStr | None = None

@@ -22,6 +22,7 @@ from combee.llm import LLM
 from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
+from combee.wiring import build_quotas
 from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
@@ -169,6 +170,7 @@ def create_app(
         snapshots=ChangelogTable(io, topics.playbooks, topics.partitions, _snapshot_decode, _snapshot_encode),
         metrics=metrics or NoMetrics(),
         forget_rules=CachedRules(store.forget_rules, time.monotonic),
+        quotas=build_quotas(settings),
     )
     publisher.on_published = publish_listener(ctx)
     if health is not None:

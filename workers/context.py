@@ -19,6 +19,7 @@ from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
 from combee.llm import LLM, Role
 from combee.metrics import Metrics, NoMetrics
+from combee.quotas import QuotaLedger
 from combee.windowing import MapState, WindowPolicy
 from streams.codec import CodecError, dead_letter, decode, encode
 from streams.envelopes import Envelope, Snapshot
@@ -94,6 +95,8 @@ class StageContext:
     llm_outcome: Callable[[Role, BaseException | None], None] | None = None
     # the forget rules the window stage honours (``combee traces forget``); None: no rules are read
     forget_rules: CachedRules | None = None
+    # the rate limits the window stage applies (``COMBEE_QUOTA_*``, combee/quotas.py); None: no limits
+    quotas: QuotaLedger | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -40,7 +40,7 @@ def run_worker(
     """
     metrics = build_metrics(settings)  # first: a taken port fails before anything connects
     require_kafka(settings)
-    ensure_topics(settings, settings.topics())
+    ensure_topics(settings, settings.topics(), timeout_s=settings.kafka_startup_timeout_s)
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     store = RedisPromptStore.from_settings(settings)

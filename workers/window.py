@@ -13,9 +13,10 @@ import time
 from typing import Any
 
 from combee.errors import InvalidNamespace
-from combee.forget import forgotten
-from combee.models import validate_namespace
+from combee.forget import forgotten, producer_of
+from combee.models import Trace, validate_namespace
 from combee.plan import window_id
+from combee.quotas import QUOTA_KIND
 from combee.windowing import close_size
 from streams.codec import CodecError, decode_trace
 from streams.envelopes import WindowEnvelope
@@ -51,6 +52,9 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         ctx.metrics.trace_moved(trace.namespace)
         await ctx.acks.done(event)
         return
+    if not await _within_quota(ctx, trace, msg):
+        await ctx.acks.done(event)
+        return
     rt.traces_seen += 1
     rt.arrivals.append(time.monotonic())
     rt.buffers.setdefault(msg.partition, []).append(
@@ -60,6 +64,23 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
     # Backpressure: stop pulling while the buffer is full; windows drain it from other tasks.
     while rt.buffered() >= ctx.config.buffer_limit:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
+
+
+async def _within_quota(ctx: StageContext, trace: Trace, msg: Any) -> bool:
+    """Ask the rate limits about ``trace`` at its record's timestamp (the producer's pace, so a backlog read
+    after a pause is judged by when it was sent; never later than now, so a timestamp in the future earns
+    nothing); dead-letter it with the reason when it is over."""
+    if ctx.quotas is None:
+        return True
+    now = time.time()
+    stamp = getattr(msg, "timestamp", None)
+    at = min(float(stamp), now) if isinstance(stamp, int | float) and stamp > 0 else now
+    verdict = ctx.quotas.admit(trace.namespace, producer_of(trace), at)
+    if verdict.admitted:
+        return True
+    await ctx.dead_letter("window", verdict.reason, msg)
+    ctx.metrics.trace_dead_lettered(trace.namespace, QUOTA_KIND)
+    return False
 
 
 def _target(ctx: StageContext, rt: NamespaceRuntime) -> int:

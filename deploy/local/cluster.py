@@ -3,7 +3,6 @@ one cluster id, a static quorum of all nodes, every topic replicated on every no
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import os
@@ -42,6 +41,7 @@ from deploy.local.service import (
     ensure_service,
     kafka_broker_argv,
     kafka_tool,
+    new_cluster_id,
     send_signal,
     spawn,
     stop_service,
@@ -203,15 +203,6 @@ def _require_cluster(state_dir: Path) -> ClusterConfig:
     return cfg
 
 
-def _new_cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what StorageTool random-uuid
-    prints; Kafka never hands out one starting with '-', which a command line would read as an option)."""
-    while True:
-        text = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
-        if not text.startswith("-"):
-            return text
-
-
 def _formatted_cluster_id(state_dir: Path, cfg: ClusterConfig) -> str | None:
     """The cluster id some node's log dir was already formatted with (so a half-done `up` is finished with
     the same id instead of splitting the cluster)."""
@@ -347,7 +338,7 @@ def cluster_up(
             kafka_version=kafka_version(),
             min_insync_replicas=min_insync_replicas if min_insync_replicas is not None else nodes // 2 + 1,
         )
-        cfg = dataclasses.replace(cfg, cluster_id=_formatted_cluster_id(state_dir, cfg) or _new_cluster_id())
+        cfg = dataclasses.replace(cfg, cluster_id=_formatted_cluster_id(state_dir, cfg) or new_cluster_id())
         live = [i for i in cfg.node_ids if live_record(state_dir, node_name(i)) is not None]
         if previous is not None and (live or _formatted_cluster_id(state_dir, previous)):
             was = dataclasses.replace(previous, redis_port=0, redis_password=None)

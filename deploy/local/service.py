@@ -3,8 +3,8 @@ launch, wait until it answers, signal only the verified process."""
 
 from __future__ import annotations
 
+import base64
 import os
-import re
 import shlex
 import signal
 import string
@@ -35,6 +35,7 @@ __all__ = [
     "ensure_service",
     "kafka_broker_argv",
     "kafka_tool",
+    "new_cluster_id",
     "port_of",
     "redis_argv",
     "redis_config_text",
@@ -196,6 +197,16 @@ def kafka_broker_argv(java: str, lib: Path, props: Path, heap: str) -> list[str]
     ]  # fmt: skip
 
 
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding — what StorageTool random-uuid
+    prints, without a JVM start (~2 s of CPU) for it. Kafka never hands out one starting with '-', which a
+    command line would read as an option."""
+    while True:
+        text = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
 def kafka_tool(java: str, lib: Path, args: list[str], log_file: Path) -> str:
     cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
            "-cp", f"{lib}/*", "kafka.tools.StorageTool", *args]  # fmt: skip
@@ -223,11 +234,7 @@ def _launch_kafka(state_dir: Path, cfg: StackConfig) -> ProcessRecord:
     log_file = log_path(state_dir, "kafka")
     if not (data_dir / "meta.properties").exists():
         # First start only: a formatted log dir is reused so topics and offsets survive restarts.
-        out = kafka_tool(java, lib, ["random-uuid"], log_file)
-        ids = re.findall(r"^[A-Za-z0-9_-]{22}$", out, re.MULTILINE)
-        if not ids:
-            raise DeployError(f"StorageTool random-uuid printed no cluster id: {out.strip()[:200]!r}")
-        kafka_tool(java, lib, ["format", "-t", ids[-1], "-c", str(props), "--ignore-formatted"], log_file)
+        kafka_tool(java, lib, ["format", "-t", new_cluster_id(), "-c", str(props), "--ignore-formatted"], log_file)
     argv = kafka_broker_argv(java, lib, props, os.environ.get("COMBEE_KAFKA_HEAP", KAFKA_HEAP))
     return spawn(state_dir, "kafka", argv, kafka_dir, cfg.kafka_port, (cfg.controller_port,))
 

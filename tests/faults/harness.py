@@ -114,11 +114,16 @@ class WorkerProc:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
-    def stop(self, timeout_s: float = 40) -> None:
-        """SIGTERM (a graceful leave); SIGKILL if it does not exit in time."""
-        self.expected_exit = True
-        if self.alive():
+    def terminate(self) -> None:
+        """SIGTERM, once (a graceful leave), without waiting: :meth:`stop` waits."""
+        if not self.expected_exit and self.alive():
             self.proc.terminate()
+        self.expected_exit = True
+
+    def stop(self, timeout_s: float = 40) -> None:
+        """SIGTERM (a graceful leave, unless :meth:`terminate` sent it); SIGKILL if it does not exit in time."""
+        self.terminate()
+        if self.alive():
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -561,6 +566,8 @@ class Run:
 
     def close(self) -> None:
         self._sampling.set()
+        for w in self.workers:  # all leave at once: each takes about a second to shut down
+            w.terminate()
         for w in self.workers:
             w.stop()
         if self.sim is not None:

@@ -34,11 +34,13 @@ the same windows with the same model answers, and the retention of the hidden in
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig, Window, run_window
 from combee.models import Playbook
 from combee.playbook import ApplyPolicy, apply_delta, render_prompt
@@ -429,6 +431,15 @@ class _WorkersContext:
         return getattr(self.inner, name)
 
 
+@functools.cache
+def _replay_dedup() -> NearDuplicates | None:
+    """The workers fold near-duplicate ADDs before logging a delta (semantic de-duplication, on by default where
+    the embeddings extra is installed); the replay must de-duplicate the same way. One for the whole suite: the
+    local model is loaded once (~0.5 s of CPU each time), not twice per scenario, and embeddings are a function
+    of the text, so sharing its cache changes no answer."""
+    return build_near_duplicates(Settings(), log=lambda _: None)
+
+
 def _fault_free_same_windows(obs: Observed, ns: str, seed: int) -> Playbook:
     """The namespace's windows, as the delta log records them, re-executed without faults (see quality)."""
     recs = sorted(
@@ -436,9 +447,7 @@ def _fault_free_same_windows(obs: Observed, ns: str, seed: int) -> Playbook:
     )
     sim = InProcessSim(WorldResponder(Behaviour(seed=seed)), seed=seed, malformed=obs.malformed)
     llm = _WorkersContext(sim, Settings.model_fields["llm_context_tokens"].default)
-    # the workers fold near-duplicate ADDs before logging a delta (semantic de-duplication, on by default
-    # where the embeddings extra is installed); the replay must de-duplicate the same way
-    dedup = build_near_duplicates(Settings(), log=lambda _: None)
+    dedup = _replay_dedup()
 
     async def replay() -> Playbook:
         pb = Playbook(namespace=ns)

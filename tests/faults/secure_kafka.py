@@ -9,7 +9,6 @@ publisher under test use only the SASL_SSL listener. The process is started here
 
 from __future__ import annotations
 
-import re
 import secrets
 import shlex
 import string
@@ -22,6 +21,7 @@ import deploy.local as local
 from deploy.local.binaries import find_java
 from deploy.local.config import DEPLOY_DIR
 from deploy.local.readiness import kafka_answering
+from deploy.local.service import new_cluster_id
 from tests.faults.stack import free_port
 
 __all__ = ["SecureKafka"]
@@ -116,8 +116,7 @@ class SecureKafka:
         log = self.state_dir / "kafka.log"
         tool = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
                 "-cp", f"{lib}/*", "kafka.tools.StorageTool"]  # fmt: skip
-        out = subprocess.run([*tool, "random-uuid"], capture_output=True, text=True, timeout=120, check=True).stdout
-        cluster = re.findall(r"^[A-Za-z0-9_-]{22}$", out, re.MULTILINE)[-1]
+        cluster = new_cluster_id()
         scram = f"SCRAM-SHA-512=[name={self.user},password={self.password}]"
         subprocess.run(
             [*tool, "format", "-t", cluster, "-c", str(props), "--add-scram", scram],

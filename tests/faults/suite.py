@@ -534,6 +534,9 @@ def execute(
         publisher.start()
         progress = Progress(run)
         figures.faults = scenario.drive(run, profile, progress, rng)
+        if scenario.rate(profile) < profile.rate:
+            # a slowed rate only keeps traces arriving until the last fault: the faults are over, send the rest
+            publisher.hurry.set()
         publisher.join_checked()
         producer.close()
         quiet_at = time.time()  # the last trace is published and the fault injection is over

@@ -116,7 +116,8 @@ def test_a_wrong_sasl_password_fails_clearly_without_showing_it(
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "combee.cli", "worker", "--role", "learner"],
-            env=run.env(**_security_env(secure, "SCRAM-SHA-512", wrong)),
+            # a refused handshake is retried until the startup timeout (30 s by default): 5 s show the same error
+            env=run.env(**_security_env(secure, "SCRAM-SHA-512", wrong), COMBEE_KAFKA_STARTUP_TIMEOUT_S="5"),
             cwd=REPO,
             capture_output=True,
             text=True,

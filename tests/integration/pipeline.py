@@ -39,6 +39,7 @@ from tests.support import wait_until
 class Worker:
     proc: subprocess.Popen[bytes]
     log: Path
+    terminated: bool = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -48,9 +49,15 @@ class Worker:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
-    def stop(self) -> None:
-        if self.alive():
+    def terminate(self) -> None:
+        """SIGTERM, once, without waiting (:meth:`stop` waits)."""
+        if not self.terminated and self.alive():
             self.proc.terminate()
+        self.terminated = True
+
+    def stop(self) -> None:
+        self.terminate()
+        if self.alive():
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -129,6 +136,8 @@ class Pipeline:
         return worker
 
     def close(self) -> None:
+        for w in self.workers:  # all leave at once (each takes about a second to shut down), then wait
+            w.terminate()
         for w in self.workers:
             w.stop()
         if self.sim is not None:
@@ -210,15 +219,17 @@ class Pipeline:
             dead = [w for w in self.workers if not w.alive()]
             if dead and not any(w.alive() for w in self.workers):
                 raise AssertionError("every worker exited:\n" + dead[-1].tail())
-            counts = {}
-            for rec in self.deltas():
+            counts: dict[str, int] = {}
+            newest: dict[str, int] = {}
+            for rec in self.deltas():  # one read of the log per poll (it was 1 + one per namespace)
                 counts[rec.namespace] = counts.get(rec.namespace, 0) + rec.trace_count
+                newest[rec.namespace] = max(newest.get(rec.namespace, 0), rec.version)
             return all(counts.get(ns, 0) >= n for ns, n in expected.items()) and all(
-                self.current_version(ns) == max(r.version for r in self.deltas(ns)) for ns in expected
+                self.current_version(ns) == newest[ns] for ns in expected
             )
 
         try:
-            wait_until(done, timeout_s, f"all traces learned {expected}", poll_s=1.0)
+            wait_until(done, timeout_s, f"all traces learned {expected}", poll_s=0.5)
         except AssertionError as exc:
             tail = self.workers[-1].tail() if self.workers else ""
             raise AssertionError(f"{exc}\n--- worker log ---\n{tail}") from None

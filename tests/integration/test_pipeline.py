@@ -186,17 +186,27 @@ def test_combiner_sigkill_loses_nothing_and_applies_nothing_twice(pipe: Pipeline
     print(f"{kills} SIGKILLs: {len(records)} windows, 300 traces each learned once, versions 1..{versions[-1]}")
 
 
+#: What a worker logs when an LLM step met the outage after all the client's attempts and waits to retry
+#: (workers/context.py, StageContext.retrying).
+OUTAGE_WAIT = "LLM endpoint unavailable"
+
+
 def test_llm_outage_makes_windows_wait_not_drop(pipe: Pipeline) -> None:
     traces, _ = pipe.traces(80, 5, "ns-outage")
-    pipe.start_worker()
+    worker = pipe.start_worker()
     pipe.publish_traces(traces[:20])
     pipe.wait_learned({"ns-outage": 20})
     assert pipe.sim is not None
+    waits_before = worker.log.read_text(errors="replace").count(OUTAGE_WAIT)
     pipe.sim.set_faults(outage=True)
     pipe.publish_traces(traces[20:])
-    import time
-
-    time.sleep(8)  # the endpoint is down: windows wait and retry
+    # The endpoint is down: a window's LLM step uses up the client's attempts, then waits to retry (logged)
+    # instead of dropping or half-applying the window. Wait for that, not for a fixed time.
+    wait_until(
+        lambda: worker.log.read_text(errors="replace").count(OUTAGE_WAIT) > waits_before,
+        120,
+        "a window to wait out the LLM outage",
+    )
     stuck = pipe.learned("ns-outage")
     assert stuck == 20
     pipe.sim.set_faults(outage=False)

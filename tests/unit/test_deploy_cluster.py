@@ -61,7 +61,7 @@ def test_the_cluster_id_of_a_formatted_node_is_reused(tmp_path: Path) -> None:
     data.mkdir(parents=True)
     (data / "meta.properties").write_text("version=1\ncluster.id=Xy7-abc_DEF\nnode.id=2\n")
     assert cluster._formatted_cluster_id(tmp_path, cfg) == "Xy7-abc_DEF"
-    fresh = cluster._new_cluster_id()
+    fresh = cluster.new_cluster_id()
     assert len(fresh) == 22 and not fresh.startswith("-")
 
 
@@ -93,3 +93,22 @@ def test_cli_nodes_and_node() -> None:
     assert parser.parse_args(["up", "--nodes", "3"]).nodes == 3
     args = parser.parse_args(["restart", "kafka", "--node", "2", "--kill"])
     assert (args.node, args.kill) == (2, True)
+
+
+def test_a_first_single_broker_start_formats_without_a_jvm_for_the_cluster_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id comes from new_cluster_id(): one StorageTool run (format), not two (random-uuid, then format)."""
+    from deploy.local import service
+    from deploy.local.config import StackConfig
+
+    tool_runs: list[list[str]] = []
+    monkeypatch.setattr(service, "fetch_kafka", lambda version: tmp_path / "lib")
+    monkeypatch.setattr(service, "find_java", lambda: "java")
+    monkeypatch.setattr(service, "require_free", lambda port, what: None)
+    monkeypatch.setattr(service, "kafka_tool", lambda java, lib, args, log: tool_runs.append(args) or "")
+    monkeypatch.setattr(service, "spawn", lambda *args, **kwargs: None)
+    service._launch_kafka(tmp_path, StackConfig(kafka_port=20001, controller_port=20002))
+    assert [args[0] for args in tool_runs] == ["format"]
+    cluster_id = tool_runs[0][tool_runs[0].index("-t") + 1]
+    assert len(cluster_id) == 22 and not cluster_id.startswith("-")
