@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from streams.forget import CachedRules
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
+    from workers.outcomes import OutcomeRecorder
 
 __all__ = ["StageConfig", "StageContext"]
 
@@ -94,6 +95,8 @@ class StageContext:
     llm_outcome: Callable[[Role, BaseException | None], None] | None = None
     # the forget rules the window stage honours (``combee traces forget``); None: no rules are read
     forget_rules: CachedRules | None = None
+    # counts each trace's outcome for the version it names, exactly once (workers/outcomes.py); None: not counted
+    outcomes: OutcomeRecorder | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -15,6 +15,7 @@ from typing import Any
 from combee.errors import InvalidNamespace
 from combee.forget import forgotten
 from combee.models import validate_namespace
+from combee.outcomes import observe
 from combee.plan import window_id
 from combee.windowing import close_size
 from streams.codec import CodecError, decode_trace
@@ -52,6 +53,8 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         await ctx.acks.done(event)
         return
     rt.traces_seen += 1
+    if ctx.outcomes is not None:
+        ctx.outcomes.note(trace.namespace, msg.partition, observe(msg.offset, trace))
     rt.arrivals.append(time.monotonic())
     rt.buffers.setdefault(msg.partition, []).append(
         Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic())
@@ -144,8 +147,11 @@ async def _close(
         raise
     rt.windows_closed += 1
     ctx.metrics.window_closed(rt.namespace)
-    for b in items:
-        await ctx.acks.done(b.event)
+    if ctx.outcomes is not None:  # acked once the traces' outcomes are counted too (workers/outcomes.py)
+        ctx.outcomes.release(rt.namespace, source_partition, [b.event for b in items])
+    else:
+        for b in items:
+            await ctx.acks.done(b.event)
     log.info("closed window %s: %d traces (%s)", wid, len(items), why)
 
 
