@@ -35,6 +35,8 @@ __all__ = [
     "Observation",
     "Outcome",
     "OutcomeCounts",
+    "as_json",
+    "describe",
     "fold_versions",
     "observe",
     "record",
@@ -206,3 +208,35 @@ def fold_versions(counts: Mapping[str, OutcomeCounts], live: int | None, keep: i
             label = OLDER_VERSIONS
         out[label] = out.get(label, OutcomeCounts()) + value
     return out
+
+
+def describe(counts: OutcomeCounts) -> str:
+    """One line: ``n=40 success 62% [47%, 76%] (25/40 decided) mean score 0.71`` (95 % Wilson interval)."""
+    parts = [f"n={counts.n}"]
+    interval = counts.interval()
+    if interval is None or counts.success_rate is None:
+        parts.append("success rate - (no success/failure reported)")
+    else:
+        lo, hi = interval
+        parts.append(
+            f"success {counts.success_rate:.0%} [{lo:.0%}, {hi:.0%}] ({counts.success}/{counts.decided} decided)"
+        )
+    if counts.mean_score is not None:
+        parts.append(f"mean score {counts.mean_score:.3g}")
+    return " ".join(parts)
+
+
+def as_json(counts: OutcomeCounts) -> dict[str, object]:
+    """The record with its derived figures, for ``--json`` outputs and the UI's API."""
+    interval = counts.interval()
+    return {
+        "n": counts.n,
+        "success": counts.success,
+        "failure": counts.failure,
+        "unknown": counts.unknown,
+        "score_sum": counts.score_sum,
+        "score_count": counts.score_count,
+        "success_rate": counts.success_rate,
+        "wilson95": list(interval) if interval is not None else None,
+        "mean_score": counts.mean_score,
+    }

@@ -72,17 +72,21 @@ async def collect_status(settings: Settings, namespace: str | None = None) -> di
     """``{"namespaces": [row, ...], "workers": [health report, ...], "kafka_error": str | None}``.
 
     A row per namespace published or seen by a worker (or just ``namespace``): its ``state`` (see
-    :func:`namespace_state`), version (None: none yet), traces lag (None: unknown) and the worker's report.
+    :func:`namespace_state`), version (None: none yet), traces lag (None: unknown), the worker's report and the
+    outcomes per version key, newest first (:func:`combee.outcomes.as_json`; ``unknown``: above the live one).
     A worker's health report gains ``age_s`` (seconds since it was written). Kafka unreachable leaves the lag
     unknown and says why in ``kafka_error``; Redis unreachable raises redis-py's error.
     """
     from combee.errors import KafkaUnreachable
+    from combee.outcomes import as_json, version_order
     from streams.redis_connection import build_redis
+    from streams.redis_outcomes import RedisOutcomes
     from streams.redis_store import RedisPromptStore
 
     topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
     redis = build_redis(settings)
     store = RedisPromptStore(redis, RedisKeys(settings.key_prefix))
+    outcomes = RedisOutcomes(redis, store.keys)
     try:
         known = set(await store.namespaces()) | set(await store.seen_namespaces())
         names = [namespace] if namespace else sorted(known)
@@ -96,6 +100,7 @@ async def collect_status(settings: Settings, namespace: str | None = None) -> di
         rows = []
         for ns in names:
             current = await store.current(ns)
+            counts = await outcomes.counts(ns)
             rows.append(
                 {
                     "namespace": ns,
@@ -103,6 +108,7 @@ async def collect_status(settings: Settings, namespace: str | None = None) -> di
                     "version": current.version if current else None,
                     "lag": lag.get(partition_for(ns.encode(), topics.partitions)),
                     "worker_status": await store.get_status(ns),
+                    "outcomes": {k: as_json(counts[k]) for k in sorted(counts, key=version_order)},
                 }
             )
         now = time.time()
