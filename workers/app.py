@@ -35,8 +35,8 @@ from workers.fanout import handle_reflected
 from workers.health import HealthWatch, health_loop, llm_dependency_names
 from workers.kafka_driver import App
 from workers.mapper import handle_window
-from workers.observe import lag_reporter, publish_listener
-from workers.outcomes import OutcomeRecorder, export_outcomes, flush_loop
+from workers.observe import export_outcomes, lag_reporter, publish_listener
+from workers.outcomes import OutcomeRecorder, flush_loop
 from workers.reflect import handle_reflect_task
 from workers.resume import stall_guard
 from workers.state import ChangelogTable, KafkaIO

@@ -14,19 +14,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from combee.outcomes import Observation, OutcomeCounts, fold_versions
 from streams.redis_outcomes import RecordResult
-
-if TYPE_CHECKING:
-    from workers.context import StageContext
 
 __all__ = [
     "DEFAULT_LABELLED_VERSIONS",
     "OutcomeRecorder",
     "OutcomeStore",
-    "export_outcomes",
     "flush_loop",
     "outcome_totals",
 ]
@@ -118,18 +114,3 @@ async def outcome_totals(
 ) -> dict[str, dict[str, OutcomeCounts]]:
     """Per namespace, its counts with at most ``keep`` numbered versions (:func:`combee.outcomes.fold_versions`)."""
     return {ns: fold_versions(await store.counts(ns), live(ns), keep) for ns in namespaces}
-
-
-async def export_outcomes(ctx: StageContext, recorder: OutcomeRecorder, keep: int = DEFAULT_LABELLED_VERSIONS) -> None:
-    """Hand the metrics the counts of the namespaces whose traces this worker takes (their owner exports them,
-    so a scrape of every worker sums to the counts in Redis). Best effort: Redis down leaves the last ones."""
-
-    def live(namespace: str) -> int | None:
-        snap = ctx.snapshots.get(namespace)
-        return snap.playbook.version if snap is not None and snap.playbook.version > 0 else None
-
-    owned = sorted(rt.namespace for rt in ctx.runtimes.values() if rt.traces_seen)
-    try:
-        ctx.metrics.outcome_totals(await outcome_totals(recorder.store, owned, live, keep))
-    except Exception as exc:
-        log.debug("outcome counts not read for the metrics: %s", exc)
