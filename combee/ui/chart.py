@@ -43,8 +43,9 @@ def _bar(i: int, key: str, counts: OutcomeCounts) -> str:
         return f'<g class="no-rate" data-version="{_e(key)}">' + "".join(parts) + "</g>"
     lo, hi = interval
     top = _y(rate)
+    fill = "#f2b705" if key.isdigit() else "#b8bcc6"  # a version's own bar; grey for older / unknown
     parts += [
-        f'<rect x="{x + 8}" y="{top:.1f}" width="{_W - 16}" height="{_TOP + _H - top:.1f}" fill="#f2b705">'
+        f'<rect x="{x + 8}" y="{top:.1f}" width="{_W - 16}" height="{_TOP + _H - top:.1f}" fill="{fill}">'
         f"<title>{_e(label)}: {rate:.0%} of {counts.decided} (95% Wilson {lo:.0%} to {hi:.0%}), n={counts.n}</title>"
         "</rect>",
         f'<line x1="{x + _W / 2:.1f}" x2="{x + _W / 2:.1f}" y1="{_y(hi):.1f}" y2="{_y(lo):.1f}" stroke="#1d2330"/>',
