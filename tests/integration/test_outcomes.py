@@ -144,19 +144,19 @@ def test_outcomes_are_exact_through_a_kill_and_a_full_reread(pipe: Pipeline) -> 
     port = free_port()
     worker = pipe.start_worker(COMBEE_METRICS_PORT=str(port))
     pipe.publish_traces(warmup)
-    pipe.wait_learned({ns: 40})
+    pipe.wait_learned({ns: 40}, timeout_s=600)
     live = pipe.current_version(ns)
     assert live >= 1
-    raw, _ = pipe.traces(160, 5, ns)
+    raw, _ = pipe.traces(80, 5, ns)
     traces, expected = name_versions(raw, live, seed=11)
     total = 40 + len(traces)
 
-    pipe.publish_traces(traces[:80])
+    pipe.publish_traces(traces[:40])
     wait_until(lambda: sum(c.n for c in counted(pipe, ns).values()) > 0, 120, "some outcomes counted")
     worker.kill()  # mid-run: outcomes are counted on arrival, their offsets committed only after their window
-    pipe.publish_traces(traces[80:])
+    pipe.publish_traces(traces[40:])
     worker = pipe.start_worker(COMBEE_METRICS_PORT=str(port))
-    pipe.wait_learned({ns: total})
+    pipe.wait_learned({ns: total}, timeout_s=600)
     wait_until(lambda: traces_committed(pipe) == total, 120, "every trace acknowledged")
     assert counted(pipe, ns) == expected
 
