@@ -1,7 +1,8 @@
 """Window stage: traces in, windows out. Decode → buffer per namespace → close by policy → send.
 
 A trace's offset is acknowledged only after the window holding it has been written to the windows topic
-(acks=all), so a crash loses no trace; re-formed overlapping windows are resolved by the map stage.
+(acks=all) and the outcome it reports for its playbook version is counted (workers/outcomes.py), so a crash
+loses no trace and no count; re-formed overlapping windows are resolved by the map stage.
 """
 
 from __future__ import annotations
