@@ -8,10 +8,12 @@ composition root (:func:`combee.wiring.build_metrics`). Pure: no clock, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from combee.llm import LLMPrices, Role
 from combee.meter import Meter
+from combee.outcomes import OutcomeCounts
 
 __all__ = ["LLMPrices", "Metrics", "NoMetrics"]  # LLMPrices: re-exported from combee.llm
 
@@ -73,6 +75,10 @@ class Metrics(Protocol):
     def trace_forgotten(self, namespace: str) -> None:
         """A trace a forget rule names was skipped: not learned (``combee traces forget``)."""
 
+    def outcome_totals(self, totals: Mapping[str, Mapping[str, OutcomeCounts]]) -> None:
+        """The outcome counts (from Redis) of every namespace this worker owns, per version label, already bounded
+        (:func:`combee.outcomes.fold_versions`); replaces the last report whole (a namespace gone is dropped)."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -129,4 +135,7 @@ class NoMetrics:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:
+        pass
+
+    def outcome_totals(self, totals: Mapping[str, Mapping[str, OutcomeCounts]]) -> None:
         pass

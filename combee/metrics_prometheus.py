@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
 from combee.labels import OTHER, BoundedLabels
 from combee.llm import Role
 from combee.meter import Meter
 from combee.metrics import LLMPrices
+from combee.outcomes import OUTCOMES, OutcomeCounts
 from combee.quotas import QUOTA_KIND
 
 __all__ = ["FAMILIES", "LATENCY_BUCKETS_S", "PrometheusMetrics", "sample_sum"]
@@ -124,6 +128,8 @@ class PrometheusMetrics:
             ["namespace"],
             registry=r,
         )
+        self._outcomes = _OutcomeCollector()
+        r.register(self._outcomes)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -230,6 +236,9 @@ class PrometheusMetrics:
     def trace_forgotten(self, namespace: str) -> None:
         self._traces.labels(self._ns(namespace), "forgotten", "").inc()
 
+    def outcome_totals(self, totals: Mapping[str, Mapping[str, OutcomeCounts]]) -> None:
+        self._outcomes.totals = {ns: dict(rows) for ns, rows in totals.items()}
+
     # --- exposition ----------------------------------------------------------------------------------------
 
     def render(self) -> bytes:
@@ -255,6 +264,27 @@ class PrometheusMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _OutcomeCollector(Collector):
+    """``combee_outcomes_total{namespace,version,outcome}``: the exact counts Redis holds, as the worker last read
+    them for the namespaces it owns. Versions are already bounded (the newest few, ``older``, ``unknown``)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, dict[str, OutcomeCounts]] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "combee_outcomes",
+            "Traces that named the playbook version they ran with, by outcome (success, failure, unknown), counted "
+            "exactly once; version 'older' sums versions past the newest few, 'unknown' one above the live version.",
+            labels=["namespace", "version", "outcome"],
+        )
+        for ns, rows in sorted(self.totals.items()):
+            for version, counts in sorted(rows.items()):
+                for outcome in OUTCOMES:
+                    family.add_metric([ns, version, outcome], counts.count(outcome))
+        yield family
 
 
 # Every family exported, as the registry names them (a counter's samples add ``_total``).

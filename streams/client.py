@@ -26,7 +26,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -36,9 +36,11 @@ import redis.exceptions
 
 from combee.errors import CombeeError
 from combee.models import validate_namespace
+from combee.outcomes import OutcomeCounts
 from combee.promptdiff import VersionRecord
 from streams.keys import RedisKeys
 from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
+from streams.redis_outcomes import parse_outcomes
 from streams.redis_records import (
     RECORD_FIELDS,
     HistoryEntry,
@@ -310,6 +312,15 @@ class PromptClient(_ClientBase):
         except _READ_ERRORS as exc:
             raise PromptUnavailable(f"cannot read the history of {self.namespace!r}: {self._describe(exc)}") from None
         return parse_history(members)
+
+    def outcomes(self) -> dict[str, OutcomeCounts]:
+        """The outcomes counted per version key (``"3"``, ``"unknown"``: above the live version) from the traces
+        that named the version they ran with (:mod:`combee.outcomes`). Raises PromptUnavailable as :meth:`history`."""
+        try:
+            raw = cast(Mapping[Any, Any], self._redis.hgetall(self.keys.outcomes(self.namespace)))
+        except _READ_ERRORS as exc:
+            raise PromptUnavailable(f"cannot read the outcomes of {self.namespace!r}: {self._describe(exc)}") from None
+        return parse_outcomes(raw or {})
 
     def version(self, version: int) -> PromptVersion | None:
         """Published version ``version`` if it is still retained, else None (not cached).

@@ -9,6 +9,9 @@ Cluster slot and the atomic publish script can touch them together.
 ``<prefix>:{<ns>}:history``   sorted set: member = JSON summary of a version, score = version
 ``<prefix>:{<ns>}:updates``   pub/sub channel: a message (the version number) per new version
 ``<prefix>:{<ns>}:status``    string: JSON status of the learner for the namespace (``combee status``)
+``<prefix>:{<ns>}:outcomes``  hash: outcomes per version (``<version>|success``, ``|failure``, ``|unknown``,
+                              ``|score_sum``, ``|score_n``; version ``unknown`` for one above the live one)
+``<prefix>:{<ns>}:outcome-marks`` hash: ``p<partition>`` -> the last traces offset counted into ``outcomes``
 ``<prefix>:namespaces``       set of namespaces ever published
 ``<prefix>:seen``             set of namespaces a worker has received a trace of (published or not yet)
 ``<prefix>:forget``           set of forget rules (JSON: namespace and/or producer) learning must honour
@@ -46,6 +49,12 @@ class RedisKeys:
 
     def status(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:status"
+
+    def outcomes(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:outcomes"
+
+    def outcome_marks(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:outcome-marks"
 
     @property
     def namespaces(self) -> str:

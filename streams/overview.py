@@ -14,11 +14,12 @@ carries close-to-applied quantiles over its recent windows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from combee.health import STALE_AFTER_S, describe_dependency
 from combee.models import Playbook
+from combee.outcomes import OutcomeCounts
 from combee.promptdiff import PromptDiff, VersionRecord, WindowProvenance, bound_span, diff_span, diff_versions
 from combee.store import PublishedPrompt
 from streams.redis_records import HistoryEntry
@@ -59,6 +60,7 @@ class OverviewStore(Protocol):
     async def get_status(self, namespace: str) -> dict[str, Any] | None: ...
     async def seen_namespaces(self) -> list[str]: ...
     async def health_reports(self) -> list[dict[str, Any]]: ...
+    async def outcomes(self, namespace: str) -> dict[str, OutcomeCounts]: ...
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ class NamespaceOverview:
     versions: tuple[HistoryEntry, ...]
     windows: tuple[WindowRow, ...]
     report: WorkerReport | None
+    outcomes: Mapping[str, OutcomeCounts] = field(default_factory=dict)
+    """Outcomes per version key (:mod:`combee.outcomes`): the success-rate-by-version chart."""
 
 
 @dataclass(frozen=True)
@@ -234,7 +238,8 @@ async def namespace_overview(
     store: OverviewStore, namespace: str, *, versions: int = DEFAULT_VERSIONS, windows: int = DEFAULT_WINDOWS
 ) -> NamespaceOverview:
     """``namespace``'s newest ``versions`` published versions (newest first), the windows of its newest
-    ``windows`` published versions, and its worker's report. A namespace with nothing published has none."""
+    ``windows`` published versions, its worker's report and its outcomes per version. A namespace with nothing
+    published has none."""
     entries = await store.history(namespace, limit=max(versions, windows))
     records = {}
     for entry in entries[:windows]:
@@ -248,6 +253,7 @@ async def namespace_overview(
         versions=tuple(entries[:versions]),
         windows=tuple(_windows(entries[:windows], records)),
         report=worker_report(await store.get_status(namespace)),
+        outcomes=await store.outcomes(namespace),
     )
 
 

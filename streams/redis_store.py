@@ -40,6 +40,7 @@ import redis.retry
 from combee.errors import ConfigError
 from combee.evidence import EVIDENCE_KEY
 from combee.models import validate_namespace
+from combee.outcomes import OutcomeCounts
 from combee.promptdiff import PROVENANCE_KEY, VersionRecord
 from combee.redaction import redact
 from combee.store import PromptStore, PublishedPrompt
@@ -458,6 +459,12 @@ class RedisPromptStore(PromptStore):
         """Every namespace ever published under this key prefix, sorted."""
         members = await self._call(cast(Awaitable[Any], self._redis.smembers(self.keys.namespaces)))
         return sorted(t for t in (reply_text(m) for m in members) if t)
+
+    async def outcomes(self, namespace: str) -> dict[str, OutcomeCounts]:
+        """The outcomes counted per version key (:mod:`streams.redis_outcomes`; empty when none)."""
+        from streams.redis_outcomes import RedisOutcomes
+
+        return cast(dict[str, OutcomeCounts], await self._call(RedisOutcomes(self._redis, self.keys).counts(namespace)))
 
     async def get_status(self, namespace: str) -> dict[str, Any] | None:
         """The status last set for ``namespace`` (None when absent or expired, or when it is not a JSON object)."""

@@ -70,16 +70,20 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
     """``{"namespaces": [row, ...], "workers": [health report, ...], "kafka_error": str | None}``.
 
     A row per namespace published or seen by a worker (or just ``namespace``): its ``state`` (see
-    :func:`namespace_state`), version (None: none yet), traces lag (None: unknown) and the worker's report.
+    :func:`namespace_state`), version (None: none yet), traces lag (None: unknown), the worker's report and the
+    outcomes per version key, newest first (:func:`combee.outcomes.as_json`; ``unknown``: above the live one).
     A worker's health report gains ``age_s`` (seconds since it was written). Kafka unreachable leaves the lag
     unknown and says why in ``kafka_error``; Redis unreachable raises redis-py's error.
     """
     from combee.errors import KafkaUnreachable
+    from combee.outcomes import as_json, version_order
+    from streams.redis_outcomes import RedisOutcomes
     from streams.redis_store import RedisPromptStore
 
     topics = settings.topics()
     store = RedisPromptStore.from_settings(settings)
     redis = store.redis
+    outcomes = RedisOutcomes(redis, store.keys)
     try:
         known = set(await store.namespaces()) | set(await store.seen_namespaces())
         names = [namespace] if namespace else sorted(known)
@@ -93,6 +97,7 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
         rows = []
         for ns in names:
             current = await store.current(ns)
+            counts = await outcomes.counts(ns)
             rows.append(
                 {
                     "namespace": ns,
@@ -100,6 +105,7 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
                     "version": current.version if current else None,
                     "lag": lag.get(partition_for(ns.encode(), topics.partitions)),
                     "worker_status": await store.get_status(ns),
+                    "outcomes": {k: as_json(counts[k]) for k in sorted(counts, key=version_order)},
                 }
             )
         now = time.time()

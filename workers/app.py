@@ -27,6 +27,7 @@ from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
 from streams.forget import CachedRules
+from streams.redis_outcomes import RedisOutcomes
 from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
@@ -35,7 +36,8 @@ from workers.fanout import handle_reflected
 from workers.health import HealthWatch, health_loop, llm_dependency_names
 from workers.kafka_driver import App
 from workers.mapper import handle_window
-from workers.observe import lag_reporter, publish_listener
+from workers.observe import export_outcomes, lag_reporter, publish_listener
+from workers.outcomes import OutcomeRecorder, flush_loop
 from workers.reflect import handle_reflect_task
 from workers.resume import stall_guard
 from workers.state import ChangelogTable, KafkaIO
@@ -172,6 +174,7 @@ def create_app(
         forget_rules=CachedRules(store.forget_rules, time.monotonic),
         quotas=build_quotas(settings),
     )
+    recorder = ctx.outcomes = OutcomeRecorder(RedisOutcomes(store.redis, store.keys), ctx.acks.done)
     publisher.on_published = publish_listener(ctx)
     if health is not None:
         dependency = llm_dependency_names(settings)
@@ -207,6 +210,10 @@ def create_app(
             await closer_loop(ctx)
 
         @app.task
+        async def outcome_counter() -> None:
+            await flush_loop(recorder)
+
+        @app.task
         async def status_reporter() -> None:
             while True:
                 await asyncio.sleep(2.0)
@@ -220,6 +227,7 @@ def create_app(
                         await republish_if_lost(ctx, rt)
                     except Exception as exc:  # Redis down: status is best effort, learning goes on
                         log.debug("status for %s not written: %s", rt.namespace, exc)
+                await export_outcomes(ctx, recorder)
 
     if "curate" in roles:
         reflect_gate = asyncio.Semaphore(settings.reflect_concurrency)
@@ -273,6 +281,8 @@ def _forget(ctx: StageContext, revoked: Iterable[Any]) -> None:
         if tp.topic == topics.traces:
             for rt in ctx.runtimes.values():
                 rt.buffers.pop(tp.partition, None)
+            if ctx.outcomes is not None:
+                ctx.outcomes.forget(tp.partition)
         if tp.topic == topics.partials:
             ctx.snapshots.forget(tp.partition)
             ctx.map_table.forget(tp.partition)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from streams.forget import CachedRules
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
+    from workers.outcomes import OutcomeRecorder
 
 __all__ = ["StageConfig", "StageContext"]
 
@@ -97,6 +98,8 @@ class StageContext:
     forget_rules: CachedRules | None = None
     # the rate limits the window stage applies (``COMBEE_QUOTA_*``, combee/quotas.py); None: no limits
     quotas: QuotaLedger | None = None
+    # counts each trace's outcome for the version it names, exactly once (workers/outcomes.py); None: not counted
+    outcomes: OutcomeRecorder | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -1,4 +1,5 @@
-"""What a worker reports that is no stage's own: consumer lag, and versions seen in Redis (docs/operations.md).
+"""What a worker reports that is no stage's own: consumer lag, versions seen in Redis and the outcome counts of
+its namespaces (docs/operations.md).
 
 Both report through the context's :class:`combee.metrics.Metrics` (a no-op when metrics are off).
 """
@@ -12,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.context import StageContext
+from workers.outcomes import DEFAULT_LABELLED_VERSIONS, OutcomeRecorder, outcome_totals
 
-__all__ = ["lag_reporter", "publish_listener", "report_lag"]
+__all__ = ["export_outcomes", "lag_reporter", "publish_listener", "report_lag"]
 
 log = logging.getLogger("combee.worker")
 
@@ -67,3 +69,18 @@ async def lag_reporter(ctx: StageContext, consumer: Callable[[], Any], period_s:
             raise
         except Exception as exc:  # a rebalance in progress, the broker away: lag is best effort
             log.debug("consumer lag not reported: %s", exc)
+
+
+async def export_outcomes(ctx: StageContext, recorder: OutcomeRecorder, keep: int = DEFAULT_LABELLED_VERSIONS) -> None:
+    """Hand the metrics the counts of the namespaces whose traces this worker takes (their owner exports them,
+    so a scrape of every worker sums to the counts in Redis). Best effort: Redis down leaves the last ones."""
+
+    def live(namespace: str) -> int | None:
+        snap = ctx.snapshots.get(namespace)
+        return snap.playbook.version if snap is not None and snap.playbook.version > 0 else None
+
+    owned = sorted(rt.namespace for rt in ctx.runtimes.values() if rt.traces_seen)
+    try:
+        ctx.metrics.outcome_totals(await outcome_totals(recorder.store, owned, live, keep))
+    except Exception as exc:
+        log.debug("outcome counts not read for the metrics: %s", exc)

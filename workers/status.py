@@ -80,6 +80,8 @@ def idle(ctx: StageContext, quiet_s: float) -> bool:
         return False
     if getattr(ctx.publisher, "pending", 0):
         return False
+    if ctx.outcomes is not None and ctx.outcomes.busy():
+        return False
     for rt in ctx.runtimes.values():
         if rt.buffered() or not rt.map_queue.empty() or rt.mapping or rt.windows or rt.closed_pending:
             return False

@@ -1,7 +1,8 @@
 """Window stage: traces in, windows out. Decode → buffer per namespace → close by policy → send.
 
 A trace's offset is acknowledged only after the window holding it has been written to the windows topic
-(acks=all), so a crash loses no trace; re-formed overlapping windows are resolved by the map stage.
+(acks=all) and the outcome it reports for its playbook version is counted (workers/outcomes.py), so a crash
+loses no trace and no count; re-formed overlapping windows are resolved by the map stage.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from combee.errors import InvalidNamespace
 from combee.forget import forgotten, producer_of
 from combee.models import Trace, validate_namespace
+from combee.outcomes import observe
 from combee.plan import window_id
 from combee.quotas import QUOTA_KIND
 from combee.windowing import close_size
@@ -56,6 +58,8 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         await ctx.acks.done(event)
         return
     rt.traces_seen += 1
+    if ctx.outcomes is not None:
+        ctx.outcomes.note(trace.namespace, msg.partition, observe(msg.offset, trace))
     rt.arrivals.append(time.monotonic())
     rt.buffers.setdefault(msg.partition, []).append(
         Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic())
@@ -165,8 +169,11 @@ async def _close(
         raise
     rt.windows_closed += 1
     ctx.metrics.window_closed(rt.namespace)
-    for b in items:
-        await ctx.acks.done(b.event)
+    if ctx.outcomes is not None:  # acked once the traces' outcomes are counted too (workers/outcomes.py)
+        ctx.outcomes.release(rt.namespace, source_partition, [b.event for b in items])
+    else:
+        for b in items:
+            await ctx.acks.done(b.event)
     log.info("closed window %s: %d traces (%s)", wid, len(items), why)
 
 

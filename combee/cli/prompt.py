@@ -58,7 +58,9 @@ def add_prompt_command(sub: Any) -> None:
     w.add_argument("--count", type=positive_int, help="stop after COUNT versions")
     w.add_argument("--timeout", type=float, help="stop after SECONDS without a new version")
     w.add_argument("--versions-only", action="store_true")
-    h = psub.add_parser("history", help="list published versions, newest first")
+    h = psub.add_parser(
+        "history", help="list published versions, newest first, each with its outcomes (n, success rate, score)"
+    )
     h.add_argument("namespace")
     h.add_argument("--limit", type=positive_int, default=20)
     s = psub.add_parser("show", help="print one version's prompt")
@@ -155,12 +157,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
             elif args.prompt_command == "diff":
                 _diff(client, args)
             elif args.prompt_command == "history":
-                for h in client.history(limit=args.limit):
-                    when = (
-                        datetime.fromtimestamp(h.published_at).isoformat(timespec="seconds") if h.published_at else "-"
-                    )
-                    note = (h.meta or {}).get("note") or ""
-                    print(f"v{h.version:<6} {when}  bullets={h.bullets}  tokens={h.tokens}  {h.window_id or ''} {note}")
+                _history(client, args.limit)
             else:  # watch
                 for count, v in enumerate(client.watch(timeout=args.timeout), start=1):
                     print(f"--- version {v.version} (window {v.window_id}) ---", flush=True)
@@ -171,6 +168,28 @@ def cmd_prompt(args: argparse.Namespace) -> int:
         except PromptUnavailable as exc:
             raise CliError(with_start_hint(str(exc)) if exc.unreadable else str(exc), EXIT_SERVICE) from None
     return 0
+
+
+def _history(client: PromptClient, limit: int) -> None:
+    """One line per published version, newest first, ending with the outcomes the fleet reported for it (n,
+    success rate with its 95 % Wilson interval, mean score); then the outcomes of versions not listed."""
+    from combee.outcomes import UNKNOWN_VERSION, describe
+
+    outcomes = client.outcomes()
+    listed = set()
+    for h in client.history(limit=limit):
+        when = datetime.fromtimestamp(h.published_at).isoformat(timespec="seconds") if h.published_at else "-"
+        note = (h.meta or {}).get("note") or ""
+        counts = outcomes.get(str(h.version))
+        told = describe(counts) if counts else "none reported"
+        head = f"v{h.version:<6} {when}  bullets={h.bullets}  tokens={h.tokens}  {h.window_id or ''} {note}"
+        print(f"{head}  outcomes: {told}")
+        listed.add(str(h.version))
+    older = sorted((k for k in outcomes if k.isdigit() and k not in listed), key=int, reverse=True)
+    for key in older:
+        print(f"v{key:<6} (not listed) outcomes: {describe(outcomes[key])}")
+    if UNKNOWN_VERSION in outcomes:
+        print(f"unknown version (above the live one when counted): {describe(outcomes[UNKNOWN_VERSION])}")
 
 
 def _not_retained(client: PromptClient, version: int) -> str:

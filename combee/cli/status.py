@@ -31,6 +31,30 @@ def _dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+SHOWN_VERSIONS = 3
+"""Versions whose outcomes ``combee status`` prints per namespace (``combee prompt history`` lists them all)."""
+
+
+def _outcome_lines(outcomes: dict[str, Any]) -> list[str]:
+    """The newest versions' outcomes and those of unknown versions (``outcomes`` as :func:`collect_status` has it:
+    version key -> :func:`combee.outcomes.as_json`, newest first)."""
+    from combee.outcomes import UNKNOWN_VERSION, OutcomeCounts, describe
+
+    def line(key: str) -> str:
+        o = outcomes[key]
+        counts = OutcomeCounts(o["success"], o["failure"], o["unknown"], o["score_sum"], o["score_count"])
+        name = "unknown version" if key == UNKNOWN_VERSION else f"v{key}"
+        return f"  outcomes {name}: {describe(counts)}"
+
+    numbered = [k for k in outcomes if k.isdigit()]
+    if not numbered and UNKNOWN_VERSION not in outcomes:
+        return ["  outcomes: none reported (no trace named the version it ran with)"]
+    rest = len(numbered) - SHOWN_VERSIONS
+    tail = [f"  outcomes of {rest} older versions: `combee prompt history`"] if rest > 0 else []
+    unknown = [line(UNKNOWN_VERSION)] if UNKNOWN_VERSION in outcomes else []
+    return [line(k) for k in numbered[:SHOWN_VERSIONS]] + tail + unknown
+
+
 def format_status(status: dict[str, Any], now: float) -> str:
     """``combee status``'s text: a block per worker (its dependencies), then two lines per namespace."""
     lines = []
@@ -62,6 +86,7 @@ def format_status(status: dict[str, Any], now: float) -> str:
             f"buffered {_dash(st.get('buffered'))}"
         )
         lines.append(f"  controller: {ctl.get('why', 'no report from a worker (is one running?)')}")
+        lines.extend(_outcome_lines(row.get("outcomes") or {}))
     return "\n".join(lines) + "\n"
 
 

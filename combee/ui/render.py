@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from combee.models import Bullet
 from combee.promptdiff import BulletChange, PromptDiff, Quote, WindowProvenance
+from combee.ui.chart import success_rate_chart
 from streams.overview import (
     NamespaceOverview,
     NamespaceSummary,
@@ -238,8 +239,10 @@ def namespace_page(view: NamespaceOverview, health: Sequence[WorkerHealth] = ())
         [_window_cells(w, ns) for w in view.windows],
         "windows",
     )
+    chart = success_rate_chart(view.outcomes, view.current)
     body = (
         f"{head}\n<h2>Controller</h2>\n{_report(view.report)}\n"
+        f"<h2>Success rate by version</h2>\n{chart}\n"
         f'<h2>Recent windows</h2>\n<p class="note">{_e(_LATENCY_NOTE)}</p>\n{windows}\n'
         f"<h2>Versions</h2>\n{versions}"
     )

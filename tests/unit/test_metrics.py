@@ -207,3 +207,24 @@ def test_only_the_prometheus_module_imports_prometheus_client() -> None:
                 if any(n.split(".")[0] == "prometheus_client" for n in names):
                     importers.append(str(path.relative_to(ROOT)))
     assert sorted(set(importers)) == ["combee/metrics_prometheus.py"]
+
+
+def test_outcomes_are_exported_per_bounded_version_label() -> None:
+    """combee_outcomes_total carries the counts as handed over (already folded), one series per outcome, and a
+    new report replaces the old whole: a namespace this worker no longer owns disappears."""
+    from combee.outcomes import OutcomeCounts, fold_versions
+
+    counts = {str(v): OutcomeCounts(success=v, failure=1) for v in range(1, 30)}
+    counts["unknown"] = OutcomeCounts(unknown=4)
+    m = PrometheusMetrics()
+    m.outcome_totals({"ns": fold_versions(counts, live=29, keep=5), "gone": {"3": OutcomeCounts(success=1)}})
+    m.outcome_totals({"ns": fold_versions(counts, live=29, keep=5)})
+    s = samples(m.render())
+    series = {dict(labels)["version"] for (name, labels) in s if name == "combee_outcomes_total"}
+    assert series == {"25", "26", "27", "28", "29", "older", "unknown"}
+    assert value(s, "combee_outcomes_total", namespace="ns", version="29", outcome="success") == 29
+    assert value(s, "combee_outcomes_total", namespace="ns", version="older", outcome="success") == sum(range(1, 25))
+    assert value(s, "combee_outcomes_total", namespace="ns", version="older", outcome="failure") == 24
+    assert value(s, "combee_outcomes_total", namespace="ns", version="unknown", outcome="unknown") == 4
+    assert not any(dict(labels).get("namespace") == "gone" for (_, labels) in s)
+    assert "combee_outcomes" in FAMILIES

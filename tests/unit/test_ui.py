@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import redis.exceptions
 from aiohttp.test_utils import TestClient, TestServer
 
 from combee.models import Bullet, Playbook, Provenance
+from combee.outcomes import OutcomeCounts
 from combee.playbook import render_prompt
 from combee.promptdiff import PROVENANCE_KEY, VersionRecord, parse_provenance, provenance_entry
 from combee.store import PublishedPrompt
@@ -95,6 +97,11 @@ class FakeStore:
 
     async def health_reports(self) -> list[dict[str, Any]]:
         return list(self.health)
+
+    async def outcomes(self, namespace: str) -> dict[str, OutcomeCounts]:
+        return dict(self.outcome_counts) if namespace in self.records else {}
+
+    outcome_counts: Mapping[str, OutcomeCounts] = MappingProxyType({})
 
     health: tuple[dict[str, Any], ...] = ()
 
@@ -278,3 +285,36 @@ async def test_an_outage_a_worker_reports_shows_on_the_pages_and_in_the_api() ->
             assert outage[0].endswith("ConnectionError: connection refused; holds up 1 window, 4 traces buffered")
         api = json.loads(await (await c.get("/api/health")).text())
         assert api[0]["worker"] == "vm:7" and api[0]["up"] == ["redis"] and len(api[0]["down"]) == 1
+
+
+# --- the success-rate-by-version chart -----------------------------------------------------------------------
+
+
+async def test_the_namespace_page_charts_success_rate_by_version_with_wilson_whiskers() -> None:
+    import re
+
+    from combee.outcomes import wilson_interval
+    from combee.ui.chart import CHART_VERSIONS
+
+    s = store()
+    s.outcome_counts = {"1": OutcomeCounts(success=6, failure=6), "2": OutcomeCounts(success=9, failure=1, unknown=2),
+                        "unknown": OutcomeCounts(unknown=4)}  # fmt: skip
+    page = render.namespace_page(await overview.namespace_overview(s, NS))
+    bars = re.findall(r'<g class="rate-bar" data-version="([^"]+)" data-rate="([^"]+)" data-low="([^"]+)"', page)
+    lo = wilson_interval(6, 12)[0]
+    assert bars == [("1", "0.5000", f"{lo:.4f}"), ("2", "0.9000", f"{wilson_interval(9, 10)[0]:.4f}")]
+    assert 'class="no-rate" data-version="unknown"' in page and "n=4" in page  # counted, no success reported
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert "style=" not in svg and "<script" not in svg  # drawn with attributes: the CSP needs no change
+
+    many = {str(v): OutcomeCounts(success=1) for v in range(60)}
+    drawn = render.namespace_page(
+        dataclasses.replace(await overview.namespace_overview(s, NS), outcomes=many, current=59)
+    )
+    assert drawn.count('class="rate-bar"') == CHART_VERSIONS + 1  # the newest ones and "older"
+    assert 'data-version="older"' in drawn
+
+
+def test_no_outcomes_say_how_to_get_them() -> None:
+    view = overview.NamespaceOverview(NS, 1, (HistoryEntry(1, W1, None, 1, 5, {"traces": 3}),), (), None)
+    assert "No outcomes yet" in render.namespace_page(view)
