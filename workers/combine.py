@@ -203,7 +203,8 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     meter = Meter()
     # logged finished (copies folded, records refused, sections canonical, near duplicates folded): a replay
     # needs no vectors
-    proposed, ops = ops, await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
+    finished = await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
+    proposed, ops = ops, finished.ops
     delta = Delta(
         namespace=rt.namespace,
         window_id=w.window_id,
