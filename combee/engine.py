@@ -25,6 +25,7 @@ from typing import Generic, Literal, TypeVar, get_args
 from combee.dedup import fold_copies
 from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
+from combee.guard import guard_ops
 from combee.llm import LLM, ChatResponse, Role, context_tokens_of
 from combee.meter import Meter
 from combee.models import AddOp, Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
@@ -41,7 +42,6 @@ from combee.prompts import (
     reflector_ask,
     resolve_merge,
 )
-from combee.guard import guard_ops
 from combee.screen import screen_ops, screen_reflection
 from combee.sections import DEFAULT_SECTIONS, SECTION_THRESHOLD, canonical_sections, section_choices
 
