@@ -73,6 +73,9 @@ class Metrics(Protocol):
     def trace_forgotten(self, namespace: str) -> None:
         """A trace a forget rule names was skipped: not learned (``combee traces forget``)."""
 
+    def bullet_quarantined(self, namespace: str, reason: str) -> None:
+        """A lesson the guard held back (``reason``: one of :data:`combee.guard.REASONS`), not published."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -126,6 +129,9 @@ class NoMetrics:
         pass
 
     def control_refused(self, reason: str) -> None:
+        pass
+
+    def bullet_quarantined(self, namespace: str, reason: str) -> None:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:

@@ -18,6 +18,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
+from combee.guard import REASONS as GUARD_REASONS
 from combee.llm import Role
 from combee.meter import Meter
 from combee.metrics import LLMPrices
@@ -120,6 +121,13 @@ class PrometheusMetrics:
             ["namespace"],
             registry=r,
         )
+        self._quarantined = Counter(
+            "combee_bullets_quarantined",
+            "Lessons the guard held back instead of publishing them, by reason (combee.guard.REASONS; "
+            "`combee bullet list NS --quarantined`).",
+            ["namespace", "reason"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -211,6 +219,8 @@ class PrometheusMetrics:
         if namespace:
             self._fenced.labels(namespace)
             self._moved.labels(namespace)
+            for reason in GUARD_REASONS:
+                self._quarantined.labels(namespace, reason)
 
     def trace_moved(self, namespace: str) -> None:
         self._moved.labels(namespace).inc()
@@ -220,6 +230,9 @@ class PrometheusMetrics:
 
     def trace_forgotten(self, namespace: str) -> None:
         self._traces.labels(namespace, "forgotten", "").inc()
+
+    def bullet_quarantined(self, namespace: str, reason: str) -> None:
+        self._quarantined.labels(namespace, reason if reason in GUARD_REASONS else "other").inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

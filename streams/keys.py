@@ -9,6 +9,9 @@ Cluster slot and the atomic publish script can touch them together.
 ``<prefix>:{<ns>}:history``   sorted set: member = JSON summary of a version, score = version
 ``<prefix>:{<ns>}:updates``   pub/sub channel: a message (the version number) per new version
 ``<prefix>:{<ns>}:status``    string: JSON status of the learner for the namespace (``combee status``)
+``<prefix>:{<ns>}:quarantine`` hash: quarantine id -> JSON of a bullet the guard held back (streams/quarantine.py)
+``<prefix>:{<ns>}:quarantine:resolved`` set: quarantine ids an operator released or removed
+``<prefix>:{<ns>}:audit``     stream: the operators' actions on bullets (``combee bullet audit``), append-only
 ``<prefix>:namespaces``       set of namespaces ever published
 ``<prefix>:seen``             set of namespaces a worker has received a trace of (published or not yet)
 ``<prefix>:forget``           set of forget rules (JSON: namespace and/or producer) learning must honour
@@ -46,6 +49,15 @@ class RedisKeys:
 
     def status(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:status"
+
+    def quarantine(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:quarantine"
+
+    def quarantine_resolved(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:quarantine:resolved"
+
+    def audit(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:audit"
 
     @property
     def namespaces(self) -> str:

@@ -214,6 +214,11 @@ class RedisPromptStore(PromptStore):
         if self.keys.version("ns", 0)[:-1] + "1234" != self.keys.version("ns", 1234):
             raise ConfigError("RedisKeys.version(ns, N) must end in N for the publish script to trim old versions")
 
+    @property
+    def redis(self) -> redis.asyncio.Redis:
+        """The client this store uses (for the namespace's other keys: streams/quarantine.py)."""
+        return self._redis
+
     def __repr__(self) -> str:
         return f"RedisPromptStore(prefix={self.keys.prefix!r}, history_limit={self.history_limit})"
 

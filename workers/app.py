@@ -26,6 +26,7 @@ from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
 from streams.forget import CachedRules
+from streams.quarantine import QuarantineStore
 from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
@@ -169,6 +170,7 @@ def create_app(
         snapshots=ChangelogTable(io, topics.playbooks, topics.partitions, _snapshot_decode, _snapshot_encode),
         metrics=metrics or NoMetrics(),
         forget_rules=CachedRules(store.forget_rules, time.monotonic),
+        quarantine=QuarantineStore(store.redis, store.keys),
     )
     publisher.on_published = publish_listener(ctx)
     if health is not None:

@@ -26,9 +26,11 @@ from combee.llm import Role
 from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
+from combee.quarantine import quarantined
 from combee.scan import ReadyNode, ReduceTracker
 from streams.control_auth import refusal
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
+from workers.bullets import operate
 from workers.commit import bind, commit, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime, OpenWindow
@@ -59,7 +61,7 @@ async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
     rt = bind(ctx, tenure, env.namespace)
     async with rt.lock:
         if isinstance(env, Control):
-            await _rollback(ctx, rt, env)
+            await (_rollback(ctx, rt, env) if env.kind == "rollback" else operate(ctx, rt, env))
             await ctx.acks.done(event)
             return
         snap = tenure.snapshots.get(env.namespace)
@@ -214,6 +216,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         trace_count=plan.trace_count,
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
+    held = quarantined(rt.namespace, w.window_id, current.version, finished.quarantined, at=time.time())
     record = DeltaRecord(
         namespace=rt.namespace,
         version=playbook.version,
@@ -233,12 +236,15 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         epoch=rt.tenure.epoch,
         trace_ids=plan.trace_ids,
         evidence=explain_delta(current, proposed, ops, playbook, plan.lessons),
+        quarantined=held,
     )
     rt.applied_version(playbook.version, plan.closed_at)  # before the offer: Redis may take it at once
     if not await commit(ctx, rt, record, playbook, plan.seq + 1, plan.source):
         return False
     for e in w.events:
         await ctx.acks.done(e)
+    for entry in held:
+        ctx.metrics.bullet_quarantined(rt.namespace, entry.reason)
     del rt.windows[w.window_id]
     rt.by_seq.pop(plan.seq, None)
     rt.windows_applied += 1

@@ -28,6 +28,7 @@ from streams.deltalog import (
 )
 from streams.envelopes import Claim, DeltaRecord, Snapshot
 from workers.context import StageContext
+from workers.quarantine import remember_quarantine
 from workers.runtime import NamespaceRuntime
 from workers.tenure import Tenure
 
@@ -157,6 +158,7 @@ async def _remember(
             **({EVIDENCE_KEY: evidence_entry(record.evidence)} if record.evidence is not None else {}),
         },
     )
+    remember_quarantine(ctx, record)
     if current:
         position = tenure.checkpoint()
         if checkpoint and position is not None:

@@ -30,6 +30,7 @@ from workers.tenure import Tenure
 
 if TYPE_CHECKING:
     from streams.forget import CachedRules
+    from streams.quarantine import QuarantineStore
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
 
@@ -94,6 +95,8 @@ class StageContext:
     llm_outcome: Callable[[Role, BaseException | None], None] | None = None
     # the forget rules the window stage honours (``combee traces forget``); None: no rules are read
     forget_rules: CachedRules | None = None
+    # where the combiner stores the lessons the guard held back, and operators' actions (None: not stored)
+    quarantine: QuarantineStore | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -22,6 +22,7 @@ from combee.tracefile import read_traces
 
 if TYPE_CHECKING:
     from streams.client import PromptClient
+    from streams.envelopes import Control
 
 __all__ = [
     "EXIT_LLM",
@@ -252,6 +253,29 @@ def prompt_client(settings: Settings, namespace: str) -> PromptClient:
 
     validate_namespace(namespace)
     return PromptClient(settings, namespace, key_prefix=settings.key_prefix)
+
+
+def send_control(settings: Settings, ctrl: Control) -> bytes | None:
+    """Send an operator's control record to the namespace's combiner (the partials topic, keyed by namespace),
+    signed with ``COMBEE_CONTROL_KEY`` when it is set; returns the key used (None: unsigned)."""
+    from kafka import KafkaProducer
+
+    from streams.codec import encode
+    from streams.control_auth import control_key, sign
+    from streams.kafka_config import kafka_security_kwargs, require_kafka
+    from streams.topics import Topics
+
+    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    require_kafka(settings)
+    key = control_key(settings)
+    if key is not None:
+        ctrl = sign(ctrl, key)
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **kafka_security_kwargs(settings))
+    try:
+        producer.send(topics.partials, key=ctrl.namespace.encode(), value=encode(ctrl)).get(timeout=30)
+    finally:
+        producer.close()
+    return key
 
 
 # --- trace files ----------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from combee.cli.base import (
     add_connection_options,
     positive_int,
     prompt_client,
+    send_control,
     service_errors,
     stream_settings,
     with_start_hint,
@@ -230,26 +231,13 @@ def _repair(settings: Any, namespace: str) -> int:
 
 
 def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> int:
-    from kafka import KafkaProducer
-
-    from streams.codec import encode
-    from streams.control_auth import control_key, sign
     from streams.envelopes import Control
-    from streams.kafka_config import kafka_security_kwargs, require_kafka
-    from streams.topics import Topics
 
     before = client.get().version
     if not 1 <= args.to <= before:
         raise CliError(f"no version {args.to} to roll back to (current is {before})")
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-    require_kafka(settings)
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", **kafka_security_kwargs(settings))
     ctrl = Control(namespace=args.namespace, kind="rollback", to_version=args.to, requested_at=time.time())
-    key = control_key(settings)
-    if key is not None:
-        ctrl = sign(ctrl, key)
-    producer.send(topics.partials, key=args.namespace.encode(), value=encode(ctrl)).get(timeout=30)
-    producer.close()
+    key = send_control(settings, ctrl)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         v = client.get()
