@@ -94,11 +94,11 @@ def test_a_poisoned_lesson_is_quarantined_then_released_by_an_operator(echo_pipe
 def test_bullet_errors_are_one_line_with_the_clis_exit_codes(echo_pipe: Pipeline) -> None:
     pipe = echo_pipe
     unknown = combee(pipe, "bullet", "release", NS, "q000000000000", check=False)
-    assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1 and "no quarantined bullet" in unknown.stderr
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "no quarantined bullet" in unknown.stderr
     not_an_id = combee(pipe, "bullet", "release", NS, "b00001", check=False)
-    assert not_an_id.returncode == 1 and "not a quarantine id" in not_an_id.stderr
+    assert not_an_id.returncode == 2 and "not a quarantine id" in not_an_id.stderr
     missing = combee(pipe, "bullet", "pin", NS, "b00042", check=False)
-    assert missing.returncode == 1 and "no live bullet 'b00042'" in missing.stderr
+    assert missing.returncode == 2 and "no live bullet 'b00042'" in missing.stderr
     bad_ns = combee(pipe, "bullet", "list", "no such ns!", check=False)
     assert bad_ns.returncode == 2 and "invalid namespace" in bad_ns.stderr
     assert combee(pipe, "bullet", "audit", NS).stdout.strip() == f"{NS}: no operator action recorded"
