@@ -5,12 +5,11 @@ The decisions are :mod:`combee.quarantine`'s; this module reads the quarantined 
 from __future__ import annotations
 
 import logging
-import time
 
-from combee.models import Delta, Playbook
+from combee.models import Playbook
 from combee.quarantine import UnknownBullet, release, remove_bullet, set_pinned
-from streams.envelopes import Control, DeltaRecord
-from workers.commit import commit, snapshot_of
+from streams.envelopes import Control
+from workers.commit import commit_control, snapshot_of
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 
@@ -48,19 +47,5 @@ async def operate(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> Non
         log.error("%s %s of %s: cannot read the quarantine: %s", ctrl.kind, ctrl.bullet_id, rt.namespace, exc)
         return
     note = f"{ctrl.kind} {ctrl.bullet_id} by {ctrl.actor or 'an operator'}"
-    record = DeltaRecord(
-        namespace=rt.namespace,
-        version=playbook.version,
-        window_id=wid,
-        seq=-1,
-        delta=Delta(namespace=rt.namespace, window_id=wid, base_version=current.version),
-        trace_count=0,
-        entries=len(playbook.bullets),
-        applied_at=time.time(),
-        note=note,
-        playbook=playbook,
-        epoch=rt.tenure.epoch,
-        resolves=resolves,
-    )
-    if await commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None):
+    if await commit_control(ctx, rt, playbook, wid, note, resolves=resolves):
         log.info("%s: %s as v%d", rt.namespace, note, playbook.version)

@@ -31,7 +31,7 @@ from combee.scan import ReadyNode, ReduceTracker
 from streams.control_auth import refusal
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
 from workers.bullets import operate
-from workers.commit import bind, commit, ensure_ready, is_current, snapshot_of
+from workers.commit import bind, commit, commit_control, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime, OpenWindow
 
@@ -287,20 +287,7 @@ async def _rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> N
         next_id=max(current.next_id, old.next_id),
     )
     wid = f"{rt.namespace}/rollback/v{ctrl.to_version}@v{playbook.version}"
-    record = DeltaRecord(
-        namespace=rt.namespace,
-        version=playbook.version,
-        window_id=wid,
-        seq=-1,
-        delta=Delta(namespace=rt.namespace, window_id=wid, base_version=current.version),
-        trace_count=0,
-        entries=len(playbook.bullets),
-        applied_at=time.time(),
-        note=f"rollback to the content of v{ctrl.to_version}",
-        rollback_to=ctrl.to_version,
-        playbook=playbook,
-        epoch=rt.tenure.epoch,
-    )
-    if not await commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None):
+    note = f"rollback to the content of v{ctrl.to_version}"
+    if not await commit_control(ctx, rt, playbook, wid, note, rollback_to=ctrl.to_version):
         return
     log.info("rolled %s back to the content of v%d as v%d", rt.namespace, ctrl.to_version, playbook.version)
