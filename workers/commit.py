@@ -108,7 +108,7 @@ async def commit_control(
         note=note,
         playbook=playbook,
         epoch=rt.tenure.epoch,
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
     return await commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None)
 

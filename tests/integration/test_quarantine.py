@@ -4,15 +4,18 @@ prompt; ``combee bullet`` lists it, releases it as a new version, pins and remov
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio
 
 from combee.cli.main import main
 from combee.playbook import render_prompt
-from combee.quarantine import text_hash
+from combee.quarantine import QuarantinedBullet, text_hash
+from streams.quarantine import QuarantineStore
 from tests.integration.echo_llm import EchoServer
 from tests.integration.pipeline import Pipeline, wait_until
 from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip
@@ -56,6 +59,14 @@ def cli(echo_pipe: Pipeline, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     return run
 
 
+async def _hold_again(pipe: Pipeline, entries: list[QuarantinedBullet]) -> int:
+    client = redis.asyncio.Redis.from_url(pipe.redis_url)
+    try:
+        return await QuarantineStore(client, pipe.keys).hold(entries)
+    finally:
+        await client.aclose()
+
+
 def _quarantined(cli: Cli) -> list[dict]:
     return json.loads(cli("bullet", "list", NS, "--quarantined", "--json"))
 
@@ -85,6 +96,8 @@ def test_a_poisoned_lesson_is_quarantined_then_released_by_an_operator(echo_pipe
     after = pipe.published_playbook(NS)
     assert after.version == before + 1 and any(POISON in b.content for b in after.bullets)
     assert POISON in cli("prompt", "get", NS)
+    assert _quarantined(cli) == []
+    assert asyncio.run(_hold_again(pipe, logged)) == 0  # a replayed window does not bring a released one back
     assert _quarantined(cli) == []
 
     bid = next(b.id for b in after.bullets if "segment 0" in b.content)
