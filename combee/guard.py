@@ -205,8 +205,8 @@ class Guarded:
 
 
 def guard_ops(ops: Iterable[DeltaOp]) -> Guarded:
-    """Every ADD and UPDATE of ``ops`` judged by :func:`guard_reason` and put on one line
-    (:func:`one_line_lesson`); REMOVE passes as it is. Deterministic; order kept."""
+    """Every ADD and UPDATE of ``ops`` judged by :func:`guard_reason` (an ADD's section too: it is rendered as a
+    heading) and put on one line (:func:`one_line_lesson`); REMOVE passes as it is. Deterministic; order kept."""
     kept: list[DeltaOp] = []
     held: list[tuple[DeltaOp, str]] = []
     normalised = 0
@@ -215,6 +215,8 @@ def guard_ops(ops: Iterable[DeltaOp]) -> Guarded:
             kept.append(op)
             continue
         reason = guard_reason(op.content)
+        if reason is None and isinstance(op, AddOp):  # its section becomes a heading of the prompt
+            reason = guard_reason(op.section.replace("_", " "))
         flat = one_line_lesson(op.content)
         if flat != op.content:
             normalised += 1
