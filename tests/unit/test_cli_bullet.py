@@ -31,7 +31,7 @@ def _free_port() -> int:
     ],
 )
 def test_bad_requests_are_one_line_with_exit_2(args: list[str], message: str) -> None:
-    done = combee("bullet", *args)
+    done = combee("bullet", *args, COMBEE_REDIS_URL=f"redis://127.0.0.1:{_free_port()}/0")  # never a real Redis
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
 
 
