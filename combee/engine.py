@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 from combee.dedup import fold_copies
 from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
+from combee.guard import guard_ops
 from combee.llm import LLM, ChatResponse, Role, context_tokens_of
 from combee.meter import Meter
 from combee.models import AddOp, Bullet, Delta, DeltaOp, Playbook, Reflection, Trace
@@ -57,6 +58,7 @@ from combee.sections import DEFAULT_SECTIONS, SECTION_THRESHOLD, canonical_secti
 
 __all__ = [
     "CallOutcome",
+    "Finished",
     "Method",
     "MethodConfig",
     "Window",
@@ -391,24 +393,40 @@ async def canonical_reflections(
     return out
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A window's operations ready to apply, and the ones the guard quarantined (with their reason), which
+    must not be applied: the caller stores them for an operator (:mod:`combee.quarantine`)."""
+
+    ops: tuple[DeltaOp, ...]
+    quarantined: tuple[tuple[DeltaOp, str], ...] = ()
+
+
 async def finish_ops(
     ops: Sequence[DeltaOp],
     playbook: Playbook,
     config: MethodConfig,
     dedup: NearDuplicates | None,
     meter: Meter,
-) -> tuple[DeltaOp, ...]:
+) -> Finished:
     """A window's united operations made ready to apply against ``playbook``, in this order: the augmented
-    shuffle's copies of one lesson folded (:func:`combee.dedup.fold_copies`), operations that record a run
-    refused (``config.screen``), ADD sections canonical, near duplicates folded into the playbook and into
-    one another (:func:`fold_delta_ops`). Deterministic given the embedder's vectors; what it returns is what
-    gets applied and logged, so applying it again (a replay) needs no vectors."""
+    shuffle's copies of one lesson folded (:func:`combee.dedup.fold_copies`), every ADD and UPDATE text put on
+    one line and the ones that may not go live quarantined (:func:`combee.guard.guard_ops`: always, whatever the
+    reduce that proposed them), operations that record a run refused (``config.screen``), ADD sections
+    canonical, near duplicates folded into the playbook and into one another (:func:`fold_delta_ops`).
+    Deterministic given the embedder's vectors; what it returns is what gets applied and logged, so applying it
+    again (a replay) needs no vectors. Every path that adds a bullet from learning goes through here: the
+    offline engine's :func:`reduce_window` (every method and reduce shape) and the stream combiner."""
     if not ops:
-        return ()
+        return Finished(())
     texts = [op.content for op in ops if isinstance(op, AddOp)]
     similarity = await dedup.similarity(texts) if dedup is not None and texts else None
     ops, copies = fold_copies(ops, similarity)
     meter.folded_copies += copies
+    guarded = guard_ops(ops)
+    ops = guarded.ops
+    meter.quarantine(reason for _, reason in guarded.quarantined)
+    meter.normalised += guarded.normalised
     if config.screen:
         ops, refused, trimmed = screen_ops(ops)
         meter.refuse(reason for _, reason in refused)
@@ -420,7 +438,7 @@ async def finish_ops(
         else op
         for op in ops
     )
-    return await fold_delta_ops(dedup, ops, playbook, meter)
+    return Finished(await fold_delta_ops(dedup, ops, playbook, meter), guarded.quarantined)
 
 
 def teaching(reflections: Sequence[Reflection]) -> list[Reflection]:
@@ -480,6 +498,7 @@ class WindowResult:
     reflections: int
     keyed: KeyedPlan | None = None
     teaching: int = 0  # reflections with at least one insight after the screen: what the reduce planned over
+    quarantined: tuple[tuple[DeltaOp, str], ...] = ()  # operations the guard held back, with their reason
 
 
 async def _gather(aws: Sequence[Awaitable[V]]) -> list[V]:
@@ -579,7 +598,8 @@ async def reduce_window(
         outcome = await curate(reflections, playbook, llm, **kw)  # type: ignore[arg-type]
         ops, reduce_s = outcome.value or (), outcome.service_s
 
-    ops = await finish_ops(ops, playbook, config, dedup, meter)
+    finished = await finish_ops(ops, playbook, config, dedup, meter)
+    ops = finished.ops
     delta = Delta(
         namespace=window.namespace,
         window_id=window.id,
@@ -601,6 +621,7 @@ async def reduce_window(
         reflections=len(reflected),
         keyed=keyed,
         teaching=len(reflections),
+        quarantined=finished.quarantined,
     )
 
 

@@ -71,6 +71,8 @@ class Meter:
     dedup_s: float = 0.0  # wall time spent computing vectors and folding (the cost of semantic de-duplication)
     refused: dict[str, int] = field(default_factory=dict)  # insights and ops the lesson screen refused, by reason
     trimmed: dict[str, int] = field(default_factory=dict)  # sentences it took out of lessons it kept, by reason
+    quarantined: dict[str, int] = field(default_factory=dict)  # ops the guard held back (combee.guard), by reason
+    normalised: int = 0  # lesson texts the guard put on one visible line
     sections_mapped: int = 0  # section labels canonicalised onto another section (combee.sections)
     simulated: bool = False
     real: bool = False  # at least one answer came from a server that did not say it is the simulator
@@ -112,6 +114,9 @@ class Meter:
             self.refused[reason] = self.refused.get(reason, 0) + n
         for reason, n in other.trimmed.items():
             self.trimmed[reason] = self.trimmed.get(reason, 0) + n
+        for reason, n in other.quarantined.items():
+            self.quarantined[reason] = self.quarantined.get(reason, 0) + n
+        self.normalised += other.normalised
         self.sections_mapped += other.sections_mapped
         self.simulated |= other.simulated
         self.real |= other.real
@@ -120,6 +125,11 @@ class Meter:
         """Count lessons the screen refused (:mod:`combee.screen`), one reason each."""
         for reason in reasons:
             self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def quarantine(self, reasons: Iterable[str]) -> None:
+        """Count operations the guard quarantined (:mod:`combee.guard`), one reason each."""
+        for reason in reasons:
+            self.quarantined[reason] = self.quarantined.get(reason, 0) + 1
 
     def trim(self, reasons: Iterable[str]) -> None:
         """Count sentences the screen took out of lessons it kept, one reason each."""

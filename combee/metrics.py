@@ -79,6 +79,9 @@ class Metrics(Protocol):
         """The outcome counts (from Redis) of every namespace this worker owns, per version label, already bounded
         (:func:`combee.outcomes.fold_versions`); replaces the last report whole (a namespace gone is dropped)."""
 
+    def bullet_quarantined(self, namespace: str, reason: str) -> None:
+        """A lesson the guard held back (``reason``: one of :data:`combee.guard.REASONS`), not published."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -132,6 +135,9 @@ class NoMetrics:
         pass
 
     def control_refused(self, reason: str) -> None:
+        pass
+
+    def bullet_quarantined(self, namespace: str, reason: str) -> None:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:

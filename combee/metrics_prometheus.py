@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
+from combee.guard import REASONS as GUARD_REASONS
 from combee.labels import OTHER, BoundedLabels
 from combee.llm import Role
 from combee.meter import Meter
@@ -130,6 +131,13 @@ class PrometheusMetrics:
         )
         self._outcomes = _OutcomeCollector()
         r.register(self._outcomes)
+        self._quarantined = Counter(
+            "combee_bullets_quarantined",
+            "Lessons the guard held back instead of publishing them, by reason (combee.guard.REASONS; "
+            "`combee bullet list NS --quarantined`).",
+            ["namespace", "reason"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -226,6 +234,8 @@ class PrometheusMetrics:
         if label:
             self._fenced.labels(label)
             self._moved.labels(label)
+            for reason in GUARD_REASONS:
+                self._quarantined.labels(label, reason)
 
     def trace_moved(self, namespace: str) -> None:
         self._moved.labels(self._ns(namespace)).inc()
@@ -238,6 +248,9 @@ class PrometheusMetrics:
 
     def outcome_totals(self, totals: Mapping[str, Mapping[str, OutcomeCounts]]) -> None:
         self._outcomes.totals = {ns: dict(rows) for ns, rows in totals.items()}
+
+    def bullet_quarantined(self, namespace: str, reason: str) -> None:
+        self._quarantined.labels(self._ns(namespace), reason if reason in GUARD_REASONS else "other").inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

@@ -297,6 +297,8 @@ class Bullet(_Frozen):
     # many distinct traces were ever cited (ids older than the kept ones are counted, not kept).
     sources: tuple[TraceId, ...] = Field(default=(), max_length=LIMITS.sources_per_bullet)
     support: int = Field(default=0, ge=0)
+    # Pinned by an operator (``combee bullet pin``): learning never updates, removes, folds or evicts it.
+    pinned: bool = False
 
     @property
     def score(self) -> int:

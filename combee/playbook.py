@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from combee.guard import one_line_lesson
 from combee.models import (
     GENERAL_SECTION,
     LIMITS,
@@ -184,6 +185,7 @@ class ApplyStats:
     tags_applied: int = 0
     tags_missing: int = 0
     sections_folded: int = 0
+    pinned_kept: int = 0  # UPDATEs and REMOVEs of a pinned bullet, not applied
 
     def merge(self, other: ApplyStats) -> ApplyStats:
         return ApplyStats(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
@@ -225,7 +227,8 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
     the kept (older) bullet, which takes the more specific of the two wordings when they differ beyond
     normalisation (:func:`combee.wording.more_specific`). When the rendering exceeds ``policy.token_budget``
     (or ``max_bullets``), bullets are evicted worst first: lowest helpful−harmful, then the least recently
-    updated, then the highest id.
+    updated, then the highest id. A pinned bullet (``Bullet.pinned``, set by an operator) is never rewritten,
+    removed, folded into another or evicted: an UPDATE of it only cites it, a REMOVE is a counted no-op.
     """
     policy = policy or ApplyPolicy()
     stats = ApplyStats()
@@ -264,6 +267,10 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
             if b is None:
                 stats.missing_update += 1
                 continue
+            if b.pinned:  # an operator fixed its wording: learning may cite it, not rewrite it
+                bullets[op.bullet_id] = cite(b, op.sources)
+                stats.pinned_kept += 1
+                continue
             if op.content == b.content:  # the same wording: the op's traces taught the bullet again, no change
                 bullets[op.bullet_id] = cite(b, op.sources)
                 stats.confirmed += 1
@@ -272,7 +279,10 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
             fresh.add(op.bullet_id)
             stats.updated += 1
         elif isinstance(op, RemoveOp):
-            if bullets.pop(op.bullet_id, None) is None:
+            pinned = bullets.get(op.bullet_id)
+            if pinned is not None and pinned.pinned:
+                stats.pinned_kept += 1
+            elif bullets.pop(op.bullet_id, None) is None:
                 stats.missing_remove += 1
             else:
                 fresh.discard(op.bullet_id)
@@ -280,16 +290,16 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
 
     ordered = sorted(bullets.values(), key=lambda b: _id_number(b.id))
     if fresh:
-        dropped = policy.dedup.duplicates(ordered, fresh)
+        merged = {b.id: b for b in ordered}
+        dropped = {d: k for d, k in policy.dedup.duplicates(ordered, fresh).items() if not merged[d].pinned}
         if dropped:
-            merged = {b.id: b for b in ordered}
             for dup_id, keep_id in sorted(dropped.items()):
                 dup, keep = merged[dup_id], merged[keep_id]
                 update: dict[str, object] = {
                     "helpful": keep.helpful + dup.helpful,
                     "harmful": keep.harmful + dup.harmful,
                 }
-                if normalise_text(dup.content) != normalise_text(keep.content):
+                if not keep.pinned and normalise_text(dup.content) != normalise_text(keep.content):
                     wording = more_specific(keep.content, dup.content)
                     if wording != keep.content:
                         update.update(content=wording, updated=prov)
@@ -339,7 +349,10 @@ def _within_budget(version: int, next_id: int, bullets: list[Bullet], policy: Ap
     total += sum(1 + line(_section_heading(s)) for s in {b.section for b in bullets if _id_number(b.id) < mark})
     if total <= policy.token_budget and len(bullets) <= policy.max_bullets:
         return bullets, 0
-    worst_first = sorted(bullets, key=lambda b: (b.score, b.updated.version, -_id_number(b.id)))
+    # pinned bullets are never evicted: an operator's choice outranks the budget
+    worst_first = sorted(
+        (b for b in bullets if not b.pinned), key=lambda b: (b.score, b.updated.version, -_id_number(b.id))
+    )
     evict: set[str] = set()
     count = len(bullets)
     for b in worst_first:
@@ -451,7 +464,9 @@ def _section_heading(section: str) -> str:
 
 
 def _render_bullet(b: Bullet) -> str:
-    return f"- [{b.id}] {b.content}"
+    # one line whatever the store holds (combee.guard put every learned text on one line; an older snapshot,
+    # or a tampered one, may not have been): a bullet cannot start a heading or a forged bullet of its own
+    return f"- [{b.id}] {one_line_lesson(b.content)}"
 
 
 def render_prompt(playbook: Playbook, *, note: str | None = None, grouped: bool = False) -> str:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from combee.evidence import Explanation, LessonLine
 from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
 from combee.plan import ShuffleKey
+from combee.quarantine import QuarantinedBullet
 from combee.scan import ReduceTracker
 
 __all__ = [
@@ -188,12 +189,16 @@ class Partial(_Envelope):
 
 
 class Control(_Envelope):
-    """An operator command for a namespace's combiner (e.g. roll back to an earlier version's content)."""
+    """An operator command for a namespace's combiner: roll back to an earlier version's content
+    (``to_version``), or act on one bullet (``bullet_id``: release a quarantined one, remove, pin or unpin a
+    live one; combee/quarantine.py). Each makes the next version."""
 
     schema_: Literal["combee.control/1"] = Field(default="combee.control/1", alias="schema")
     namespace: str
-    kind: Literal["rollback"]
-    to_version: int = Field(ge=0)
+    kind: Literal["rollback", "release", "remove", "pin", "unpin"]
+    to_version: int = Field(default=0, ge=0)
+    bullet_id: str | None = Field(default=None, max_length=16, description="a bullet id, or a quarantine id")
+    actor: str | None = Field(default=None, max_length=128, description="who asked (OS user or --actor)")
     requested_at: float
     signature: str | None = Field(
         default=None,
@@ -248,6 +253,10 @@ class DeltaRecord(_Envelope):
     evidence: Explanation | None = Field(
         default=None, description="per operation, the traces that taught it and their lessons (combee.evidence)"
     )
+    quarantined: tuple[QuarantinedBullet, ...] = Field(
+        default=(), description="operations the guard held back in this window (combee.guard), to be stored"
+    )
+    resolves: str | None = Field(default=None, description="the quarantine id an operator's release published")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -12,6 +12,9 @@ Cluster slot and the atomic publish script can touch them together.
 ``<prefix>:{<ns>}:outcomes``  hash: outcomes per version (``<version>|success``, ``|failure``, ``|unknown``,
                               ``|score_sum``, ``|score_n``; version ``unknown`` for one above the live one)
 ``<prefix>:{<ns>}:outcome-marks`` hash: ``p<partition>`` -> the last traces offset counted into ``outcomes``
+``<prefix>:{<ns>}:quarantine`` hash: quarantine id -> JSON of a bullet the guard held back (streams/quarantine.py)
+``<prefix>:{<ns>}:quarantine:resolved`` set: quarantine ids an operator released or removed
+``<prefix>:{<ns>}:audit``     stream: the operators' actions on bullets (``combee bullet audit``), append-only
 ``<prefix>:namespaces``       set of namespaces ever published
 ``<prefix>:seen``             set of namespaces a worker has received a trace of (published or not yet)
 ``<prefix>:forget``           set of forget rules (JSON: namespace and/or producer) learning must honour
@@ -55,6 +58,15 @@ class RedisKeys:
 
     def outcome_marks(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:outcome-marks"
+
+    def quarantine(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:quarantine"
+
+    def quarantine_resolved(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:quarantine:resolved"
+
+    def audit(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:audit"
 
     @property
     def namespaces(self) -> str:

@@ -26,10 +26,12 @@ from combee.llm import Role
 from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
+from combee.quarantine import quarantined
 from combee.scan import ReadyNode, ReduceTracker
 from streams.control_auth import refusal
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
-from workers.commit import bind, commit, ensure_ready, is_current, snapshot_of
+from workers.bullets import operate
+from workers.commit import bind, commit, commit_control, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime, OpenWindow
 
@@ -59,7 +61,7 @@ async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
     rt = bind(ctx, tenure, env.namespace)
     async with rt.lock:
         if isinstance(env, Control):
-            await _rollback(ctx, rt, env)
+            await (_rollback(ctx, rt, env) if env.kind == "rollback" else operate(ctx, rt, env))
             await ctx.acks.done(event)
             return
         snap = tenure.snapshots.get(env.namespace)
@@ -203,7 +205,8 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     meter = Meter()
     # logged finished (copies folded, records refused, sections canonical, near duplicates folded): a replay
     # needs no vectors
-    proposed, ops = ops, await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
+    finished = await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
+    proposed, ops = ops, finished.ops
     delta = Delta(
         namespace=rt.namespace,
         window_id=w.window_id,
@@ -213,6 +216,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         trace_count=plan.trace_count,
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
+    held = quarantined(rt.namespace, w.window_id, current.version, finished.quarantined, at=time.time())
     record = DeltaRecord(
         namespace=rt.namespace,
         version=playbook.version,
@@ -232,12 +236,15 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         epoch=rt.tenure.epoch,
         trace_ids=plan.trace_ids,
         evidence=explain_delta(current, proposed, ops, playbook, plan.lessons),
+        quarantined=held,
     )
     rt.applied_version(playbook.version, plan.closed_at)  # before the offer: Redis may take it at once
     if not await commit(ctx, rt, record, playbook, plan.seq + 1, plan.source):
         return False
     for e in w.events:
         await ctx.acks.done(e)
+    for entry in held:
+        ctx.metrics.bullet_quarantined(rt.namespace, entry.reason)
     del rt.windows[w.window_id]
     rt.by_seq.pop(plan.seq, None)
     rt.windows_applied += 1
@@ -280,20 +287,7 @@ async def _rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> N
         next_id=max(current.next_id, old.next_id),
     )
     wid = f"{rt.namespace}/rollback/v{ctrl.to_version}@v{playbook.version}"
-    record = DeltaRecord(
-        namespace=rt.namespace,
-        version=playbook.version,
-        window_id=wid,
-        seq=-1,
-        delta=Delta(namespace=rt.namespace, window_id=wid, base_version=current.version),
-        trace_count=0,
-        entries=len(playbook.bullets),
-        applied_at=time.time(),
-        note=f"rollback to the content of v{ctrl.to_version}",
-        rollback_to=ctrl.to_version,
-        playbook=playbook,
-        epoch=rt.tenure.epoch,
-    )
-    if not await commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None):
+    note = f"rollback to the content of v{ctrl.to_version}"
+    if not await commit_control(ctx, rt, playbook, wid, note, rollback_to=ctrl.to_version):
         return
     log.info("rolled %s back to the content of v%d as v%d", rt.namespace, ctrl.to_version, playbook.version)

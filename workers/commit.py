@@ -15,7 +15,7 @@ import time
 from contextlib import aclosing
 
 from combee.evidence import EVIDENCE_KEY, evidence_entry
-from combee.models import Playbook
+from combee.models import Delta, Playbook
 from combee.playbook import apply_delta, render_prompt
 from combee.promptdiff import PROVENANCE_KEY, provenance_entry
 from streams.deltalog import (
@@ -28,10 +28,11 @@ from streams.deltalog import (
 )
 from streams.envelopes import Claim, DeltaRecord, Snapshot
 from workers.context import StageContext
+from workers.quarantine import remember_quarantine
 from workers.runtime import NamespaceRuntime
 from workers.tenure import Tenure
 
-__all__ = ["bind", "commit", "ensure_ready", "is_current", "snapshot_of"]
+__all__ = ["bind", "commit", "commit_control", "ensure_ready", "is_current", "snapshot_of"]
 
 log = logging.getLogger("combee.worker.combine")
 LEDGER = 4096
@@ -84,6 +85,32 @@ async def commit(
         return False
     await _remember(ctx, rt, snap, record, playbook, next_seq, source, offset)
     return True
+
+
+async def commit_control(
+    ctx: StageContext, rt: NamespaceRuntime, playbook: Playbook, wid: str, note: str, **extra: object
+) -> bool:
+    """Commit an operator's ``playbook`` (a rollback, an action on a bullet) as the namespace's next version:
+    a delta record with no trace and the resulting playbook (a replay needs nothing else), committed like a
+    window's. ``extra``: more fields of the record. False when it was not committed."""
+    assert rt.tenure is not None
+    snap = snapshot_of(rt)
+    base = snap.playbook.version if snap is not None else 0
+    record = DeltaRecord(
+        namespace=rt.namespace,
+        version=playbook.version,
+        window_id=wid,
+        seq=-1,
+        delta=Delta(namespace=rt.namespace, window_id=wid, base_version=base),
+        trace_count=0,
+        entries=len(playbook.bullets),
+        applied_at=time.time(),
+        note=note,
+        playbook=playbook,
+        epoch=rt.tenure.epoch,
+        **extra,
+    )
+    return await commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None)
 
 
 def _stand_down(ctx: StageContext, tenure: Tenure) -> None:
@@ -157,6 +184,7 @@ async def _remember(
             **({EVIDENCE_KEY: evidence_entry(record.evidence)} if record.evidence is not None else {}),
         },
     )
+    remember_quarantine(ctx, record)
     if current:
         position = tenure.checkpoint()
         if checkpoint and position is not None:

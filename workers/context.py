@@ -31,6 +31,7 @@ from workers.tenure import Tenure
 
 if TYPE_CHECKING:
     from streams.forget import CachedRules
+    from streams.quarantine import QuarantineStore
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
     from workers.outcomes import OutcomeRecorder
@@ -100,6 +101,8 @@ class StageContext:
     quotas: QuotaLedger | None = None
     # counts each trace's outcome for the version it names, exactly once (workers/outcomes.py); None: not counted
     outcomes: OutcomeRecorder | None = None
+    # where the combiner stores the lessons the guard held back, and operators' actions (None: not stored)
+    quarantine: QuarantineStore | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

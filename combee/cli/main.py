@@ -1,9 +1,9 @@
 """``combee``: the parser of every verb, and the one place a failure becomes a line on stderr and an exit status.
 
 Each verb lives in its own module of this package (``learn``, ``sim``, ``demo``, ``worker``, ``publish``,
-``prompt``, ``replay``, ``status``, ``topics``, ``traces``, ``ui``, ``dev``, ``llm``, ``bench``, ``task``) and
-registers itself with an ``add_<verb>_command(subparsers)``; what they share is in :mod:`combee.cli.base`. Every
-verb is documented in README.md.
+``prompt``, ``bullet``, ``replay``, ``status``, ``topics``, ``traces``, ``ui``, ``dev``, ``llm``, ``bench``,
+``task``) and registers itself with an ``add_<verb>_command(subparsers)``; what they share is in
+:mod:`combee.cli.base`. Every verb is documented in README.md.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from combee import __version__
 from combee.cli.base import EXIT_LLM, EXIT_SERVICE, EXIT_USAGE, CliError, Parser
 from combee.cli.bench import add_bench_command
+from combee.cli.bullet import add_bullet_command
 from combee.cli.demo import add_demo_command
 from combee.cli.dev import add_dev_command
 from combee.cli.learn import add_learn_command
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_worker_command,
         add_publish_command,
         add_prompt_command,
+        add_bullet_command,
         add_replay_command,
         add_status_command,
         add_topics_command,

@@ -228,3 +228,18 @@ def test_outcomes_are_exported_per_bounded_version_label() -> None:
     assert value(s, "combee_outcomes_total", namespace="ns", version="unknown", outcome="unknown") == 4
     assert not any(dict(labels).get("namespace") == "gone" for (_, labels) in s)
     assert "combee_outcomes" in FAMILIES
+
+
+def test_quarantined_bullets_are_counted_by_a_bounded_reason() -> None:
+    m = PrometheusMetrics()
+    m.namespace_seen("ns")
+    m.bullet_quarantined("ns", "url")
+    m.bullet_quarantined("ns", "url")
+    m.bullet_quarantined("ns", "a reason no guard rule gives")
+    s = samples(m.render())
+    assert value(s, "combee_bullets_quarantined_total", namespace="ns", reason="url") == 2
+    assert value(s, "combee_bullets_quarantined_total", namespace="ns", reason="other") == 1
+    assert value(s, "combee_bullets_quarantined_total", namespace="ns", reason="markup") == 0  # there at 0
+    reasons = {dict(labels)["reason"] for name, labels in s if name == "combee_bullets_quarantined_total"}
+    assert reasons == {"markup", "url", "email", "credential", "card_number", "agent_control", "answer_tampering",
+                       "other"}  # fmt: skip
