@@ -1,9 +1,10 @@
-"""``combee topics create|describe``: Combee's Kafka topics as a deployment step, from the workers' own specs.
+"""``combee topics create|describe|acls``: Combee's Kafka topics as a deployment step, from the workers' own specs.
 
 Both read the topic definitions the workers use (:meth:`streams.topics.Topics.specs` under ``--prefix`` and
 ``--partitions``), so what is created here is exactly what ``combee worker`` would create (and then only
 verifies). ``create`` is idempotent: topics that exist are left as they are (drift in their configs is
-reported, never changed).
+reported, never changed). ``acls`` prints the ``kafka-acls.sh`` commands that give one principal the rights
+of its role (:mod:`streams.acls`); it contacts nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from combee.cli.base import add_connection_options, positive_int, service_errors, stream_settings
+from streams.acls import ROLES, Role, kafka_acls_commands
 
 if TYPE_CHECKING:
     from combee.settings import Settings
@@ -45,6 +47,11 @@ def add_topics_command(sub: Any) -> None:
         type=positive_int,
         help="min.insync.replicas of each new topic (default: $COMBEE_MIN_INSYNC_REPLICAS, else the broker's)",
     )
+    a = tsub.add_parser("acls", help="print the kafka-acls.sh commands that give one principal its rights")
+    a.add_argument("role", choices=ROLES, help="producer (publishes traces), worker, or operator (the CLI)")
+    a.add_argument("--principal", required=True, help="the Kafka principal, e.g. User:combee-worker")
+    a.add_argument("--prefix", help="topic prefix (default: $COMBEE_TOPIC_PREFIX or combee)")
+    a.add_argument("--bootstrap", default="BROKER:9092", help="the --bootstrap-server in the printed commands")
     p.set_defaults(func=service_errors(cmd_topics))
 
 
@@ -64,6 +71,11 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
+    if args.topics_command == "acls":
+        prefix = stream_settings(args).topic_prefix  # --prefix, else the environment's
+        for line in kafka_acls_commands(Role(args.role), prefix, args.principal, args.bootstrap):
+            print(line)
+        return 0
     settings = settings_for(args)
     if args.topics_command == "create":
         report = create_topics(settings, timeout_s=args.timeout)

@@ -22,7 +22,12 @@ from deploy.local.binaries import find_java
 from deploy.local.config import DEPLOY_DIR
 from deploy.local.readiness import kafka_answering
 from deploy.local.service import new_cluster_id
+from streams.acls import Role, grants
 from tests.faults.stack import free_port
+
+# streams.acls names operations as kafka-acls.sh does; kafka-python's enum spells them in capitals
+_OPERATION = {"Read": "READ", "Write": "WRITE", "Describe": "DESCRIBE", "Create": "CREATE",
+              "DescribeConfigs": "DESCRIBE_CONFIGS", "AlterConfigs": "ALTER_CONFIGS"}  # fmt: skip
 
 __all__ = ["SecureKafka"]
 
@@ -41,6 +46,14 @@ listener.name.sasl_ssl.ssl.keystore.password=${store_password}
 listener.name.sasl_ssl.ssl.key.password=${store_password}
 """
 
+# KRaft's authorizer: every SASL principal gets only what an ACL grants it; the PLAINTEXT listeners (the
+# broker's own traffic and the tests' observation) are ANONYMOUS and made super users.
+_AUTHORIZER = """
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+"""
+
 
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
@@ -52,6 +65,10 @@ class SecureKafka:
     user: str = "combee"
     password: str = field(default_factory=lambda: "scram-" + secrets.token_urlsafe(20))
     store_password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    # more SCRAM-SHA-512 users (name -> password), created with the storage
+    users: dict[str, str] = field(default_factory=dict)
+    # enforce ACLs on the SASL_SSL listener (grant them with :meth:`grant` through the PLAINTEXT listener)
+    authorizer: bool = False
     internal_port: int = 0
     secure_port: int = 0
     controller_port: int = 0
@@ -84,7 +101,7 @@ class SecureKafka:
                  "-out", "server.p12", "-passout", f"pass:{self.store_password}", cwd=tls)  # fmt: skip
         return tls / "server.p12"
 
-    def start(self, timeout_s: float = 120) -> SecureKafka:
+    def start(self, timeout_s: float = 300) -> SecureKafka:
         lib = local.fetch_kafka()
         java = find_java()
         self.internal_port = free_port(2)
@@ -107,19 +124,25 @@ class SecureKafka:
                 controller=self.controller_port,
                 plain_jaas=(
                     "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                    f'user_{self.user}="{self.password}";'
+                    + " ".join(f'user_{n}="{pw}"' for n, pw in {self.user: self.password, **self.users}.items())
+                    + ";"
                 ),
                 keystore=str(keystore),
                 store_password=self.store_password,
             )
+            + (_AUTHORIZER if self.authorizer else "")
         )
         log = self.state_dir / "kafka.log"
         tool = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
                 "-cp", f"{lib}/*", "kafka.tools.StorageTool"]  # fmt: skip
         cluster = new_cluster_id()
-        scram = f"SCRAM-SHA-512=[name={self.user},password={self.password}]"
+        scram = [
+            arg
+            for name, password in {self.user: self.password, **self.users}.items()
+            for arg in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")
+        ]
         subprocess.run(
-            [*tool, "format", "-t", cluster, "-c", str(props), "--add-scram", scram],
+            [*tool, "format", "-t", cluster, "-c", str(props), *scram],
             capture_output=True, text=True, timeout=120, check=True,
         )  # fmt: skip
         argv = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
@@ -136,6 +159,41 @@ class SecureKafka:
                 raise RuntimeError(f"the SASL_SSL broker did not start:\n{tail}")
             time.sleep(0.5)
         return self
+
+    def grant(self, principal: str, role: Role, prefix: str) -> None:
+        """Give ``principal`` (``User:NAME``) the rights :mod:`streams.acls` lists for ``role`` under ``prefix``."""
+        from kafka.admin import (
+            ACL,
+            ACLOperation,
+            ACLPermissionType,
+            ACLResourcePatternType,
+            KafkaAdminClient,
+            ResourcePattern,
+            ResourceType,
+        )
+
+        acls = [
+            ACL(
+                principal=principal,
+                host="*",
+                operation=ACLOperation[_OPERATION[op]],
+                permission_type=ACLPermissionType.ALLOW,
+                resource_pattern=ResourcePattern(
+                    ResourceType.TOPIC if g.resource == "topic" else ResourceType.GROUP,
+                    g.name,
+                    ACLResourcePatternType.PREFIXED if g.prefixed else ACLResourcePatternType.LITERAL,
+                ),
+            )
+            for g in grants(role, prefix)
+            for op in g.operations
+        ]
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="fault-suite-acls")
+        try:
+            result = admin.create_acls(acls)
+        finally:
+            admin.close()
+        if result["failed"]:
+            raise RuntimeError(f"the broker refused ACLs: {result['failed']}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
