@@ -10,10 +10,10 @@ another client, typically written by pydantic. :mod:`combee.sim.generic.schemas`
 """
 
 from combee.sim.generic.answer import AUTO_TOOL_CALL_P, SOFT_DEPTH, Answer, InvalidRequest, SchemaError, ToolCall
-from combee.sim.generic.schemas import CompiledSchema, compile_schema, compiled_schema
 from combee.sim.generic.contract import conforms, forced_tool, within_contract
 from combee.sim.generic.prose import prose
 from combee.sim.generic.respond import generic_answer, requested_schema, truncate_answer, wants_json
+from combee.sim.generic.schemas import CompiledSchema, compile_schema, compiled_schema
 
 __all__ = [
     "AUTO_TOOL_CALL_P",
