@@ -16,9 +16,11 @@ from streams.keys import RedisKeys
 from streams.redis_connection import build_sync_redis
 
 if TYPE_CHECKING:
+    import redis
+
     from streams.settings import RedisSettings
 
-__all__ = ["READ_TIMEOUT_S", "RULES_TTL_S", "CachedRules", "add_rule", "read_rules"]
+__all__ = ["READ_TIMEOUT_S", "RULES_TTL_S", "CachedRules", "ForgetRuleStore", "add_rule", "read_rules"]
 
 RULES_TTL_S = 10.0
 READ_TIMEOUT_S = 1.0
@@ -26,24 +28,49 @@ READ_TIMEOUT_S = 1.0
 log = logging.getLogger("combee.forget")
 
 
+class ForgetRuleStore:
+    """The blocking side of the rules (``combee traces forget``, replay): the set under a key prefix, on a client of
+    its own. Build it with :meth:`from_settings`; close it (or use it as a context manager) when done."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+        self._client = client
+        self.keys = keys
+
+    @classmethod
+    def from_settings(cls, settings: RedisSettings, *, client_name: str = "combee-forget") -> ForgetRuleStore:
+        """The rules under the settings' key prefix, on a blocking client of their own (the one way settings become
+        this store, as :meth:`streams.redis_store.RedisPromptStore.from_settings` is for the asyncio side)."""
+        return cls(build_sync_redis(settings, client_name=client_name), RedisKeys(settings.key_prefix))
+
+    def add(self, rule: ForgetRule) -> tuple[ForgetRule, ...]:
+        """Record ``rule`` (idempotent) and return every rule now kept."""
+        self._client.sadd(self.keys.forget, rule.encode())
+        return self.rules()
+
+    def rules(self) -> tuple[ForgetRule, ...]:
+        """Every rule kept."""
+        return parse_rules(cast(set[bytes], self._client.smembers(self.keys.forget)))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ForgetRuleStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 def add_rule(settings: RedisSettings, rule: ForgetRule) -> tuple[ForgetRule, ...]:
     """Record ``rule`` (idempotent) and return every rule now kept."""
-    client = build_sync_redis(settings, client_name="combee-forget")
-    try:
-        key = RedisKeys(settings.key_prefix).forget
-        client.sadd(key, rule.encode())
-        return parse_rules(cast(set[bytes], client.smembers(key)))
-    finally:
-        client.close()
+    with ForgetRuleStore.from_settings(settings) as store:
+        return store.add(rule)
 
 
 def read_rules(settings: RedisSettings) -> tuple[ForgetRule, ...]:
     """Every rule kept under the settings' key prefix."""
-    client = build_sync_redis(settings, client_name="combee-forget")
-    try:
-        return parse_rules(cast(set[bytes], client.smembers(RedisKeys(settings.key_prefix).forget)))
-    finally:
-        client.close()
+    with ForgetRuleStore.from_settings(settings) as store:
+        return store.rules()
 
 
 class CachedRules:

@@ -39,11 +39,13 @@ __all__ = [
     "first_line",
     "given_options",
     "load_trace_file",
+    "no_new_version",
     "positive_int",
     "prompt_client",
     "service_errors",
     "settings_from_args",
     "stream_settings",
+    "wait_for_version",
     "with_start_hint",
 ]
 
@@ -252,6 +254,28 @@ def prompt_client(settings: Settings, namespace: str) -> PromptClient:
 
     validate_namespace(namespace)
     return PromptClient(settings, namespace, key_prefix=settings.key_prefix)
+
+
+def wait_for_version(client: PromptClient, before: int, timeout_s: float) -> int | None:
+    """The first version of ``client``'s namespace above ``before`` published within ``timeout_s`` seconds, or None.
+
+    Nothing published yet is waited through like an older version (``before`` may be 0). One connection for the
+    whole wait: a version is seen when announced, a missed announcement at the client's next poll
+    (:meth:`streams.client.PromptClient.watch`); Redis failures are retried until the time is up."""
+    for version in client.watch(timeout=timeout_s, after=before):
+        return version.version
+    return None
+
+
+def no_new_version(what: str, timeout_s: float, signed: bool) -> CliError:
+    """The error of a control request (``what``: a rollback, a bullet action) after which no new version appeared
+    within ``timeout_s`` seconds: which worker-side reasons to look at, and whether the request was signed."""
+    how = "signed with this" if signed else "not signed: no"
+    return CliError(
+        f"{what} requested, but no new version appeared within {timeout_s:g}s (is a worker running? The request "
+        f"was {how} COMBEE_CONTROL_KEY; a worker whose key differs dead-letters it)",
+        EXIT_SERVICE,
+    )
 
 
 # --- trace files ----------------------------------------------------------------------------------------

@@ -20,12 +20,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from combee.cli.base import (
-    EXIT_SERVICE,
     CliError,
     add_connection_options,
+    no_new_version,
     positive_int,
+    prompt_client,
     service_errors,
     stream_settings,
+    wait_for_version,
 )
 
 if TYPE_CHECKING:
@@ -200,34 +202,13 @@ def _act(settings: Any, args: argparse.Namespace) -> int:
     else:
         signed = send_control(settings, Control(namespace=ns, kind=kind, bullet_id=bid, actor=actor,
                                              requested_at=time.time()))  # fmt: skip
-        version = _wait(settings, ns, before, args.timeout)
+        with prompt_client(settings, ns) as client:
+            version = wait_for_version(client, before, args.timeout)
         outcome = f"published as v{version}" if version is not None else f"requested, no version in {args.timeout:g}s"
     entry = AuditEntry(action=kind, namespace=ns, bullet_id=bid, text_sha256=text_hash(text), actor=actor,
                        at=time.time(), outcome=outcome, version=version)  # fmt: skip
     _run(settings, lambda store, held: held.audit(entry))
     if version is None and not (kind == "remove" and quarantined):
-        raise CliError(
-            f"{kind} of {bid} requested, but no new version appeared within {args.timeout:g}s (is a worker "
-            f"running? The request was {'signed with this' if signed else 'not signed: no'} COMBEE_CONTROL_KEY; a "
-            "worker whose key differs dead-letters it)",
-            EXIT_SERVICE,
-        )
+        raise no_new_version(f"{kind} of {bid}", args.timeout, signed)
     print(f"{ns}: {kind} {bid}: {outcome}")
     return 0
-
-
-def _wait(settings: Any, namespace: str, before: int, timeout: float) -> int | None:
-    """The first version above ``before`` published within ``timeout`` seconds, or None."""
-
-    async def newest(store: RedisPromptStore, held: QuarantineStore) -> int:
-        current = await store.current(namespace)
-        return current.version if current is not None else 0
-
-    deadline = time.monotonic() + timeout
-    while True:
-        version = _run(settings, newest)
-        if version > before:
-            return version
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.5)

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import math
 import sys
-import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +19,12 @@ from combee.cli.base import (
     EXIT_UNKNOWN_NAMESPACE,
     CliError,
     add_connection_options,
+    no_new_version,
     positive_int,
     prompt_client,
     service_errors,
     stream_settings,
+    wait_for_version,
     with_start_hint,
 )
 
@@ -254,16 +255,8 @@ def _rollback(settings: Any, client: PromptClient, args: argparse.Namespace) -> 
     if not 1 <= args.to <= before:
         raise CliError(f"no version {args.to} to roll back to (current is {before})")
     signed = request_rollback(settings, args.namespace, args.to)
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        v = client.get()
-        if v.version > before:
-            print(f"{args.namespace}: version {v.version} now holds the content of version {args.to}")
-            return 0
-        time.sleep(0.5)
-    raise CliError(
-        f"rollback requested, but no new version appeared within {args.timeout:g}s (is a worker running? "
-        f"The request was {'signed with this' if signed else 'not signed: no'} COMBEE_CONTROL_KEY; a worker whose "
-        "key differs dead-letters it)",
-        4,
-    )
+    version = wait_for_version(client, before, args.timeout)
+    if version is None:
+        raise no_new_version("rollback", args.timeout, signed)
+    print(f"{args.namespace}: version {version} now holds the content of version {args.to}")
+    return 0

@@ -31,6 +31,7 @@ from streams.topics import partition_for
 from tests.faults.corpus import INJECTION_MARKER, hostile_corpus, interleave
 from tests.faults.harness import PacedPublisher, PromptWatcher, Record, Run, Sent, TopicTail, wait_until
 from tests.faults.invariants import Figures, check, observe, quality
+from tests.faults.quiet import wait_quiet
 from tests.faults.stack import PrivateStack
 
 __all__ = ["PROFILES", "SCENARIOS", "Profile", "Scenario", "execute", "good_traces"]
@@ -549,7 +550,7 @@ def execute(
             started_again = time.monotonic()
             settler.wait(producer.sent, profile.settle_timeout_s)
             figures.faults["settled_again_s"] = round(time.monotonic() - started_again, 1)
-        time.sleep(3.0)  # anything late (a duplicate application, a stale publish) would show up now
+        wait_quiet(run, truths)  # anything late (a duplicate application, a stale publish) shows up now
         obs = observe(run, list(truths), watcher)
         finals = check(run, producer.sent, obs, figures)
         quality(run, obs, finals, truths, control, figures, require_equal=scenario.require_equal)

@@ -23,6 +23,7 @@ import pytest
 from tests.faults.conftest import record
 from tests.faults.harness import PacedPublisher, PromptWatcher, Run, WorkerProc, wait_until
 from tests.faults.invariants import Figures, check, observe, quality
+from tests.faults.quiet import wait_quiet
 from tests.faults.stack import PrivateStack
 from tests.faults.suite import Settler, figure_lines, good_traces
 
@@ -154,7 +155,7 @@ def test_a_paused_combiners_late_write_is_fenced(
         producer.close()
         settler = Settler(run)
         settler.wait(producer.sent, 420)
-        time.sleep(3.0)
+        wait_quiet(run, truths)
         obs = observe(run, list(truths), watcher)
         watcher = None
         finals = check(run, producer.sent, obs, figures)

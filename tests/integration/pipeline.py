@@ -108,6 +108,9 @@ class Pipeline:
             "COMBEE_MAX_WAIT_S": "2",
             "COMBEE_LLM_MAX_ATTEMPTS": "3",
             "COMBEE_LLM_BACKOFF_MAX_S": "2",
+            # A SIGKILLed worker's partitions move after the group session timeout: the broker's minimum (6 s),
+            # as the fault suite uses, not the 10 s default; every kill in these tests pays it.
+            "COMBEE_KAFKA_SESSION_TIMEOUT_S": "6",
             **self.env_extra,
             **extra,
         }

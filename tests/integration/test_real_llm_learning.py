@@ -3,8 +3,9 @@ Formula questions as the agent, then Combee learns one window of those real trac
 and one through the streaming pipeline (Kafka → workers → Redis).
 
 Skipped unless the llm extra is installed (``pip install -e '.[dev,llm]'``, as CI does); deselect with
-``-m "not real_llm"``. Sized to a handful of requests: about 20 model calls, a few minutes on 2 cores. Never run
-it beside another CPU-heavy job: a CPU model slows several-fold.
+``-m "not real_llm"``. Sized to a handful of requests: two traces, so about 8 model calls (2 agent answers; offline 2
+reflections and 1-2 curator groups; streaming its own curator groups, its reflections from the shared cache), a few
+minutes on 2 cores. Never run it beside another CPU-heavy job: a CPU model slows several-fold.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def test_learns_one_window_of_real_traces_offline(
     playbook = json.loads((out / "playbook.json").read_text())
     print(json.dumps({k: metrics.get(k) for k in ("wall_s", "llm_calls", "roles", "playbook_entries")}, indent=1))
     assert playbook["bullets"], "a real model's window of traces taught nothing"
-    for role, figures in _role_figures(metrics).items():
+    roles = _role_figures(metrics)
+    assert {"reflector", "curator"} <= set(roles), f"a learning role was never asked: {sorted(roles)}"
+    for role, figures in roles.items():
         # every refused answer is counted (parse_failures) and re-asked with the parser's error; a call whose
         # every answer was refused is given up and counted, never applied half-parsed or dropped unseen
         calls, rejected, gave_up = figures["calls"], figures["parse_failures"], figures["gave_up"]

@@ -49,8 +49,10 @@ STABLE_S = 6.0
 def wait_ready(pipe: Pipeline, workers: list[Worker], ports: list[int]) -> None:
     """Every worker has joined the group (its log says Ready), and the last rebalance has settled: each worker
     holds its own share of the traces partitions, together all of them, unchanged for ``STABLE_S`` seconds
-    (sampled every second: settled is seen within a second of it happening, not up to 6 s later)."""
+    (sampled every second: settled is seen within a second of it happening, not up to 6 s later). A lone worker
+    holding every partition has no other member to rebalance with: seeing it hold them all is enough."""
     wait_until(lambda: all("Worker]: Ready" in w.log.read_text(errors="replace") for w in workers), 180, "ready")
+    stable_s = STABLE_S if len(workers) > 1 else 0.0
     everything = frozenset(range(pipe.partitions))
     since: list[tuple[list[frozenset[int]], float]] = []  # the split last seen and when it was first seen
 
@@ -62,7 +64,7 @@ def wait_ready(pipe: Pipeline, workers: list[Worker], ports: list[int]) -> None:
             return False
         if not since or since[0][0] != held:
             since[:] = [(held, time.monotonic())]
-        return time.monotonic() - since[0][1] >= STABLE_S
+        return time.monotonic() - since[0][1] >= stable_s
 
     wait_until(settled, 300, f"the {len(everything)} traces partitions shared out among the workers", poll_s=1.0)
 

@@ -1,4 +1,5 @@
-"""``combee bullet``'s one-line errors that need no service, and Redis not there (exit 4, never a traceback)."""
+"""``combee bullet``'s one-line errors that need no service, Redis not there (exit 4, never a traceback), and the error
+of a control request no worker answered (bullet actions and ``prompt rollback``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+
+from combee.cli.base import EXIT_SERVICE, no_new_version
 
 
 def combee(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -39,3 +42,12 @@ def test_bad_requests_are_one_line_with_exit_2(args: list[str], message: str) ->
 def test_redis_not_there_is_one_line_with_exit_4(verb: list[str]) -> None:
     done = combee("bullet", *verb, COMBEE_REDIS_URL=f"redis://127.0.0.1:{_free_port()}/0")
     assert done.returncode == 4 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_control_request_no_worker_answered_says_where_to_look_and_whether_it_was_signed() -> None:
+    signed, unsigned = no_new_version("rollback", 30, True), no_new_version("pin of b00001", 2.5, False)
+    assert signed.code == unsigned.code == EXIT_SERVICE
+    assert str(signed).startswith("rollback requested, but no new version appeared within 30s (is a worker running?")
+    assert "signed with this COMBEE_CONTROL_KEY" in str(signed) and "not signed" not in str(signed)
+    assert str(unsigned).startswith("pin of b00001 requested, but no new version appeared within 2.5s")
+    assert "not signed: no COMBEE_CONTROL_KEY" in str(unsigned) and "\n" not in str(unsigned)

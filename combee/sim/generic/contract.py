@@ -9,8 +9,7 @@ from typing import Any
 
 from combee.sim.generic.answer import Answer, SchemaError, ToolCall
 from combee.sim.generic.respond import chosen_tool, requested_schema, tool_functions, wants_json
-from combee.sim.generic.scalars import int_or_none
-from combee.sim.generic.schemas import SchemaCompiler, declared_types
+from combee.sim.generic.schemas import SchemaCompiler, declared_types, int_or_none
 from combee.sim.protocol import SimRequest
 
 __all__ = ["conforms", "forced_tool", "within_contract"]

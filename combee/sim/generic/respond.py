@@ -25,8 +25,8 @@ from dataclasses import replace
 from typing import Any
 
 from combee.sim.generic.answer import AUTO_TOOL_CALL_P, CHARS_PER_TOKEN, Answer, InvalidRequest, ToolCall
-from combee.sim.generic.compiled import compiled_schema
 from combee.sim.generic.prose import prose
+from combee.sim.generic.schemas import compiled_schema
 from combee.sim.protocol import SimRequest
 from combee.tokens import estimate_tokens
 

@@ -1,78 +1,53 @@
-"""JSON Schema compilation: a schema analysed once into a generator of valid instances.
+"""JSON Schema → a generator of instances of the schema's *shape*, compiled once and cached by content.
 
-Supported JSON Schema keywords for generation: ``type`` (incl. type lists and OpenAPI ``nullable``),
-``enum``, ``const``, ``properties``, ``required``, ``additionalProperties``, ``minProperties`` /
-``maxProperties``, ``items`` (and the old tuple form), ``prefixItems``, ``minItems`` / ``maxItems``,
-``uniqueItems`` (best effort), ``minLength`` / ``maxLength``, ``format`` (date-time, date, time, email, uri,
-uuid), ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (both drafts),
-``multipleOf`` for integers, ``anyOf`` / ``oneOf`` (one branch picked by rng; for ``oneOf`` the branches are
-assumed disjoint, as in pydantic's discriminated unions), ``allOf`` (shallow merge — exact for pydantic's
-single-``$ref`` wrapper), local ``$ref`` (``#``, ``#/$defs/…``, ``#/definitions/…``, any local JSON
-pointer; recursion allowed), boolean schemas. Ignored: ``pattern``, ``patternProperties``,
-``propertyNames``, ``contains``, ``not``, ``if``/``then``/``else``, ``dependent*`` — a schema relying on
-those may get an instance that violates them. A recursive reference reached through a multi-member ``allOf``
-(whose members are merged, i.e. inlined) is rejected with :class:`SchemaError`.
+Why the simulator generates from schemas at all, and why not only from Combee's: Combee's four schemas
+(``combee.prompts.schemas``: reflector, curator, merger, generator) use ``type`` object/array/string,
+``properties``, ``required``, ``additionalProperties: false``, ``enum``, ``anyOf``, ``items``, ``minItems`` /
+``maxItems``, ``maxLength`` and ``pattern``. The simulator must also honour the contract of requests shaped like
+another client's (issue 12, item 7: another prompt learner's tool parameters, typically written by pydantic), so
+it keeps the shape keywords such schemas are built from: the other scalar types, ``const``, ``oneOf``, local
+``$ref`` into ``$defs`` (recursion allowed) and pydantic's single-member ``allOf`` wrapper. That is what
+:func:`combee.sim.generic.contract.conforms` checks an answer against, and no more.
 
-Optional properties are included with probability 1/2 and arrays get up to ``minItems + 3`` items, but past
-nesting depth :data:`SOFT_DEPTH` generation goes minimal (required properties only, ``minItems`` items,
-scalar branches of unions preferred) so recursive schemas terminate. A schema that admits no value (or only
-infinitely deep ones) raises :class:`SchemaError`, which the server answers with HTTP 400, as real servers
-reject schemas they cannot honour.
+Not generated (an instance may violate them, as :func:`conforms` does not check them): ``pattern``, ``format``,
+``multipleOf``, ``uniqueItems``, ``prefixItems``, ``minProperties`` / ``maxProperties``, ``patternProperties``,
+``not``, ``if``/``then``/``else``; extra properties beyond ``properties`` are never added. Refused with
+:class:`SchemaError` (HTTP 400, as a real server refuses a schema it cannot honour): an ``allOf`` of several
+members, an external ``$ref``, a schema that admits no value.
+
+Optional properties are included with probability 1/2 and arrays get up to ``minItems + 3`` items; past nesting
+depth :data:`SOFT_DEPTH` generation goes minimal (required properties only, ``minItems`` items, scalar branches
+of unions preferred) so recursive schemas terminate.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from combee.sim.generic.answer import SOFT_DEPTH, SchemaError
 from combee.sim.generic.prose import WORDS
-from combee.sim.generic.scalars import Gen, int_or_none, integer_generator, number_generator, string_generator
 
-__all__ = ["JSON_TYPES", "MAX_MERGES", "SchemaCompiler", "declared_types", "json_type"]
+__all__ = ["CompiledSchema", "SchemaCompiler", "compile_schema", "compiled_schema", "declared_types", "int_or_none"]
 
+Gen = Callable[[random.Random, int], Any]
+"""A compiled generator: ``(rng, depth) -> JSON value``."""
 
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
-
-
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})
-
-
-_ANNOTATIONS = frozenset(
-    {
-        "title",
-        "description",
-        "default",
-        "examples",
-        "$comment",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "$schema",
-        "$id",
-        "$defs",
-        "definitions",
-        "discriminator",
-        "strict",
-    }
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$defs", "definitions"})
+#: JSON text of a value of each type, for :meth:`CompiledSchema.violation`.
+_VIOLATORS: tuple[tuple[str, str], ...] = (
+    ("array", '["combee-sim: not what the schema asked for"]'),
+    ("string", '"combee-sim: not what the schema asked for"'),
+    ("object", '{"combee_sim": "not what the schema asked for"}'),
+    ("boolean", "false"),
+    ("null", "null"),
 )
-
-
-_OBJECT_KEYS = ("properties", "required", "additionalProperties", "minProperties", "maxProperties")
-
-
-_ARRAY_KEYS = ("items", "prefixItems", "minItems", "maxItems", "uniqueItems")
-
-
-_STRING_KEYS = ("minLength", "maxLength", "format", "pattern")
-
-
-_NUMBER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-
-
-MAX_MERGES = 32
 
 
 def _any_value(rng: random.Random, depth: int) -> Any:
@@ -80,28 +55,39 @@ def _any_value(rng: random.Random, depth: int) -> Any:
     return " ".join(rng.choices(WORDS, k=rng.randint(1, 4)))
 
 
-def json_type(value: Any) -> str:
+def int_or_none(schema: Mapping[str, Any], key: str) -> int | None:
+    value = schema.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise SchemaError(f"{key} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def declared_types(schema: Mapping[str, Any]) -> list[str] | None:
+    """The ``type`` of ``schema`` as a list (None when it declares none). Raises SchemaError when malformed."""
+    declared = schema.get("type")
+    if declared is None:
+        return None
+    types = [declared] if isinstance(declared, str) else declared
+    if not isinstance(types, list) or not types or not all(isinstance(t, str) for t in types):
+        raise SchemaError(f"type must be a name or a non-empty list of names, got {declared!r}")
+    unknown = [t for t in types if t not in JSON_TYPES]
+    if unknown:
+        raise SchemaError(f"unknown type {unknown[0]!r}")
+    return list(dict.fromkeys(types))
+
+
+def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "integer" if value.is_integer() else "number"
+    if isinstance(value, int | float):
+        return "integer" if float(value).is_integer() else "number"
     if isinstance(value, str):
         return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "unknown"
-
-
-def _type_matches(value: Any, types: Iterable[str]) -> bool:
-    actual = json_type(value)
-    allowed = set(types)
-    return actual in allowed or (actual == "integer" and "number" in allowed)
+    return "array" if isinstance(value, list) else "object" if isinstance(value, dict) else "unknown"
 
 
 class SchemaCompiler:
@@ -111,35 +97,17 @@ class SchemaCompiler:
         self._root = root
         self._refs: dict[str, Gen] = {}
 
-    # -- references and merging --------------------------------------------------------------------------
-
     def resolve(self, ref: Any) -> Any:
-        """The schema a local ``$ref`` points at."""
-        if not isinstance(ref, str) or not ref.startswith("#"):
+        """The schema a local ``$ref`` (a JSON pointer from ``#``) points at."""
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
             raise SchemaError(f"only local $ref ('#/...') is supported, got {ref!r}")
         node = self._root
-        pointer = ref[1:]
-        if pointer:
-            if not pointer.startswith("/"):
-                raise SchemaError(f"unsupported $ref {ref!r}")
-            for raw in pointer[1:].split("/"):
-                token = raw.replace("~1", "/").replace("~0", "~")
-                if isinstance(node, Mapping) and token in node:
-                    node = node[token]
-                elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-                    node = node[int(token)]
-                else:
-                    raise SchemaError(f"$ref {ref!r} does not resolve")
+        for raw in ref[2:].split("/") if ref != "#" else ():
+            token = raw.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, Mapping) or token not in node:
+                raise SchemaError(f"$ref {ref!r} does not resolve")
+            node = node[token]
         return node
-
-    def deref(self, schema: Any) -> Any:
-        """Follow top-level ``$ref`` chains (for merging/analysis; generation compiles refs lazily)."""
-        for _ in range(MAX_MERGES):
-            if isinstance(schema, Mapping) and "$ref" in schema:
-                schema = self.resolve(schema["$ref"])
-            else:
-                return schema
-        raise SchemaError("$ref chain too long or cyclic")
 
     def _ref(self, ref: str) -> Gen:
         cached = self._refs.get(ref)
@@ -158,31 +126,8 @@ class SchemaCompiler:
             raise
         return through_ref
 
-    def merge_all_of(self, schema: Mapping[str, Any], merges: int = 0) -> dict[str, Any]:
-        """Shallow merge of ``allOf`` members into their parent (properties united, bounds tightened)."""
-        if merges > MAX_MERGES:
-            raise SchemaError("allOf nesting too deep or cyclic")
-        merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
-        members = schema["allOf"]
-        if not isinstance(members, list):
-            raise SchemaError("allOf must be a list")
-        for member in members:
-            sub = self.deref(member)
-            if sub is True:
-                continue
-            if sub is False:
-                raise SchemaError("allOf contains `false`")
-            if not isinstance(sub, Mapping):
-                raise SchemaError("allOf members must be schemas")
-            if "allOf" in sub:
-                sub = self.merge_all_of(sub, merges + 1)
-            merged = _merge(merged, sub)
-        return merged
-
-    # -- compilation -------------------------------------------------------------------------------------
-
     def compile(self, schema: Any) -> Gen:
-        """A generator for ``schema``; raises :class:`SchemaError` if it admits no value."""
+        """A generator for ``schema``; raises :class:`SchemaError` if it admits no value or is unsupported."""
         if schema is True:
             return _any_value
         if schema is False:
@@ -193,60 +138,31 @@ class SchemaCompiler:
             return self._ref(schema["$ref"])
         if "allOf" in schema:
             members = schema["allOf"]
-            if isinstance(members, list) and len(members) == 1 and set(schema) - _ANNOTATIONS == {"allOf"}:
-                return self.compile(members[0])  # pydantic's wrapper: keeps a $ref lazy, so recursion closes
-            return self.compile(self.merge_all_of(schema))
+            if not isinstance(members, list) or len(members) != 1 or set(schema) - _ANNOTATIONS != {"allOf"}:
+                raise SchemaError("allOf is supported only as a wrapper of one schema (pydantic's)")
+            return self.compile(members[0])
         types = declared_types(schema)
         if "const" in schema:
             const = schema["const"]
             return lambda rng, depth: const
         if "enum" in schema:
-            return self._enum(schema["enum"], types)
+            return _enum(schema["enum"], types)
         for key in ("anyOf", "oneOf"):
             if key in schema:
-                return self._union(schema, key)
-        if types is None:
-            types = _inferred_types(schema)
+                return self._union(schema[key], key)
         if types is None:
             return _any_value
-        gens: list[Gen] = []
-        terminal: list[int] = []
-        for name in types:
-            try:
-                gen = self._typed(schema, name)
-            except SchemaError:
-                if len(types) == 1:
-                    raise
-                continue
-            if name in _SCALARS:
-                terminal.append(len(gens))
-            gens.append(gen)
-        if not gens:
-            raise SchemaError(f"no type in {types} is satisfiable")
+        gens = [self._typed(schema, name) for name in types]
+        terminal = [i for i, name in enumerate(types) if name in _SCALARS]
         return _choice(gens, terminal)
 
-    def _enum(self, values: Any, types: list[str] | None) -> Gen:
-        if not isinstance(values, list) or not values:
-            raise SchemaError("enum must be a non-empty list")
-        allowed = [v for v in values if types is None or _type_matches(v, types)]
-        if not allowed:
-            raise SchemaError("no enum value matches the declared type")
-        return lambda rng, depth: rng.choice(allowed)
-
-    def _union(self, schema: Mapping[str, Any], key: str) -> Gen:
-        branches = schema[key]
+    def _union(self, branches: Any, key: str) -> Gen:
         if not isinstance(branches, list) or not branches:
             raise SchemaError(f"{key} must be a non-empty list")
-        siblings = {k: v for k, v in schema.items() if k not in (key, "anyOf", "oneOf") and k not in _ANNOTATIONS}
         gens: list[Gen] = []
         terminal: list[int] = []
         for branch in branches:
             try:
-                if siblings:
-                    sub = self.deref(branch)
-                    if sub is False:
-                        continue
-                    branch = _merge(siblings, {} if sub is True else sub)
                 gen = self.compile(branch)
             except SchemaError:
                 continue
@@ -259,16 +175,10 @@ class SchemaCompiler:
 
     def _is_terminal(self, schema: Any) -> bool:
         """True when ``schema`` can only produce scalars (so choosing it at depth ends recursion)."""
-        try:
-            schema = self.deref(schema)
-        except SchemaError:
+        if not isinstance(schema, Mapping) or "$ref" in schema:
             return False
-        if not isinstance(schema, Mapping):
-            return False
-        if "const" in schema or "enum" in schema:
-            return True
-        types = declared_types(schema) or _inferred_types(schema)
-        return types is not None and all(t in _SCALARS for t in types)
+        types = declared_types(schema)
+        return "const" in schema or "enum" in schema or (types is not None and all(t in _SCALARS for t in types))
 
     def _typed(self, schema: Mapping[str, Any], name: str) -> Gen:
         if name == "object":
@@ -276,102 +186,44 @@ class SchemaCompiler:
         if name == "array":
             return self._array(schema)
         if name == "string":
-            return string_generator(schema)
-        if name == "integer":
-            return integer_generator(schema)
-        if name == "number":
-            return number_generator(schema)
+            return _string(schema)
+        if name in ("integer", "number"):
+            return _number(schema, integer=name == "integer")
         if name == "boolean":
             return lambda rng, depth: rng.random() < 0.5
         return lambda rng, depth: None  # "null"
 
     def _object(self, schema: Mapping[str, Any]) -> Gen:
         props = schema.get("properties") or {}
-        if not isinstance(props, Mapping):
-            raise SchemaError("properties must be an object")
-        required_list = schema.get("required") or []
-        if not isinstance(required_list, list):
-            raise SchemaError("required must be a list")
-        required = set(required_list)
-        extra = schema.get("additionalProperties", True)
-        extra_gen: Gen | None = None
-        if extra is not False:
-            extra_gen = _any_value if extra is True else self.compile(extra)
+        required = schema.get("required") or []
+        if not isinstance(props, Mapping) or not isinstance(required, list):
+            raise SchemaError("properties must be an object and required a list")
         fields: list[tuple[str, Gen, bool]] = []
         for name, sub in props.items():
-            if sub is False:
-                if name in required:
-                    raise SchemaError(f"required property {name!r} has schema `false`")
-                continue
             try:
                 fields.append((name, self.compile(sub), name in required))
             except SchemaError:
                 if name in required:
                     raise
-        for name in required_list:
+        for name in required:
             if name not in props:
-                if extra_gen is None:
+                if schema.get("additionalProperties", True) is False:
                     raise SchemaError(f"required property {name!r} is forbidden by additionalProperties")
-                fields.append((name, extra_gen, True))
-        min_props = int_or_none(schema, "minProperties") or 0
-        max_props = int_or_none(schema, "maxProperties")
-        n_required = sum(1 for _, _, req in fields if req)
-        if max_props is not None and (n_required > max_props or min_props > max_props):
-            raise SchemaError("maxProperties is below what required/minProperties demand")
-        # A map-like schema (no named properties, a value schema) gets a few keys of its own.
-        map_like = not props and isinstance(extra, Mapping) and "patternProperties" not in schema
-        if min_props > len(fields) and extra_gen is None:
-            raise SchemaError("minProperties exceeds the properties additionalProperties allows")
-        cap = max_props if max_props is not None else 1 << 30
+                fields.append((name, _any_value, True))
 
         def gen_object(rng: random.Random, depth: int) -> Any:
             deep = depth >= SOFT_DEPTH
-            out: dict[str, Any] = {}
-            skipped: list[tuple[str, Gen]] = []
-            for name, gen, req in fields:
-                if req or (not deep and len(out) < cap and rng.random() < 0.5):
-                    out[name] = gen(rng, depth + 1)
-                else:
-                    skipped.append((name, gen))
-            wanted = len(out) if deep or not map_like else len(out) + rng.randint(1, 3)
-            wanted = min(max(wanted, min_props), cap)
-            for name, gen in skipped:
-                if len(out) >= wanted:
-                    break
-                out[name] = gen(rng, depth + 1)
-            index = 0
-            while len(out) < wanted and extra_gen is not None:
-                index += 1
-                key = f"key_{index}"
-                if key not in out and key not in props:
-                    out[key] = extra_gen(rng, depth + 1)
-            return out
+            return {name: gen(rng, depth + 1) for name, gen, req in fields if req or (not deep and rng.random() < 0.5)}
 
         return gen_object
 
     def _array(self, schema: Mapping[str, Any]) -> Gen:
         items = schema.get("items", True)
-        prefix = schema.get("prefixItems")
-        if isinstance(items, list):  # draft-4..2019 tuple form
-            prefix, items = items, schema.get("additionalItems", True)
-        prefix_gens = [self.compile(sub) for sub in (prefix or [])]
-        item_gen: Gen | None = None
-        if items is not False:
-            item_gen = _any_value if items is True else self.compile(items)
+        item_gen = _any_value if items is True else self.compile(items)
         min_items = int_or_none(schema, "minItems") or 0
         max_items = int_or_none(schema, "maxItems")
-        if item_gen is None:
-            max_items = len(prefix_gens) if max_items is None else min(max_items, len(prefix_gens))
         if max_items is not None and min_items > max_items:
-            raise SchemaError("minItems exceeds maxItems (or the items allowed)")
-        unique = schema.get("uniqueItems") is True
-        n_prefix = len(prefix_gens)
-
-        def item_at(i: int) -> Gen:
-            if i < n_prefix:
-                return prefix_gens[i]
-            assert item_gen is not None  # guaranteed by the max_items cap above
-            return item_gen
+            raise SchemaError("minItems exceeds maxItems")
 
         def gen_array(rng: random.Random, depth: int) -> Any:
             if depth >= SOFT_DEPTH:
@@ -379,30 +231,72 @@ class SchemaCompiler:
             else:
                 hi = min_items + 3 if max_items is None else min(max_items, min_items + 3)
                 n = rng.randint(min(max(min_items, 1), hi), hi)
-            out = [item_at(i)(rng, depth + 1) for i in range(n)]
-            if unique:
-                out = _make_unique(out, item_at, rng, depth + 1)
-            return out
+            return [item_gen(rng, depth + 1) for _ in range(n)]
 
         return gen_array
 
 
-def _make_unique(out: list[Any], item_at: Callable[[int], Gen], rng: random.Random, depth: int) -> list[Any]:
-    """Best-effort ``uniqueItems``: redraw a duplicate up to 8 times, then drop it (which may, for tiny value
-    spaces, leave fewer than ``minItems`` items)."""
-    seen: set[str] = set()
-    result: list[Any] = []
-    for i, value in enumerate(out):
-        key = json.dumps(value, sort_keys=True)
-        tries = 0
-        while key in seen and tries < 8:
-            value = item_at(i)(rng, depth)
-            key = json.dumps(value, sort_keys=True)
-            tries += 1
-        if key not in seen:
-            seen.add(key)
-            result.append(value)
-    return result
+def _enum(values: Any, types: list[str] | None) -> Gen:
+    if not isinstance(values, list) or not values:
+        raise SchemaError("enum must be a non-empty list")
+    allowed = [
+        v
+        for v in values
+        if types is None or _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)
+    ]
+    if not allowed:
+        raise SchemaError("no enum value matches the declared type")
+    return lambda rng, depth: rng.choice(allowed)
+
+
+def _string(schema: Mapping[str, Any]) -> Gen:
+    """Whole words, between ``minLength`` and ``maxLength`` characters (64 at most when unbounded)."""
+    min_len = int_or_none(schema, "minLength") or 0
+    max_len = int_or_none(schema, "maxLength")
+    if max_len is not None and min_len > max_len:
+        raise SchemaError("minLength exceeds maxLength")
+    hi = min(max_len if max_len is not None else max(min_len, 48), max(min_len, 48) + 16)
+    lo = max(min_len, min(3, hi))
+
+    def gen_string(rng: random.Random, depth: int) -> Any:
+        length = rng.randint(lo, hi)
+        text = ""
+        while len(text) < length:
+            text = (text + " " + rng.choice(WORDS)).lstrip()
+        boundary = text.rfind(" ", 0, length + 1)  # end on a whole word when minLength allows
+        return text[:boundary] if boundary >= max(min_len, 1) else text[:length]
+
+    return gen_string
+
+
+def _number(schema: Mapping[str, Any], *, integer: bool) -> Gen:
+    """Within ``minimum``/``maximum`` and ``exclusiveMinimum``/``exclusiveMaximum`` (numbers, as draft 2020 and
+    pydantic write them); 0 to 100 when unbounded."""
+    bounds = [schema.get(k) for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")]
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int | float)) for v in bounds):
+        raise SchemaError("numeric bounds must be numbers")
+    low_in, low_ex, high_in, high_ex = bounds
+    if integer:
+        lows = [None if low_in is None else math.ceil(low_in), None if low_ex is None else math.floor(low_ex) + 1]
+        highs = [None if high_in is None else math.floor(high_in), None if high_ex is None else math.ceil(high_ex) - 1]
+    else:
+        lows, highs = [low_in, low_ex], [high_in, high_ex]
+    lo = max((v for v in lows if v is not None), default=None)
+    hi = min((v for v in highs if v is not None), default=None)
+    lo = lo if lo is not None else (0 if hi is None else hi - 100)
+    hi = hi if hi is not None else lo + 100
+    strict = not integer and (low_ex is not None or high_ex is not None)
+    if lo > hi or (strict and lo == hi):
+        raise SchemaError("numeric bounds admit no value")
+    if integer:
+        return lambda rng, depth: rng.randint(int(lo), int(hi))
+
+    def gen_number(rng: random.Random, depth: int) -> Any:
+        value = lo + (hi - lo) * (0.01 + 0.98 * rng.random())  # inside the bounds, exclusive or not
+        rounded = round(value, 3)
+        return rounded if lo < rounded < hi or (lo == hi == rounded) else value
+
+    return gen_number
 
 
 def _choice(gens: list[Gen], terminal: list[int]) -> Gen:
@@ -418,69 +312,73 @@ def _choice(gens: list[Gen], terminal: list[int]) -> Gen:
     return gen_choice
 
 
-def declared_types(schema: Mapping[str, Any]) -> list[str] | None:
-    declared = schema.get("type")
-    if declared is None:
-        types = None
-    elif isinstance(declared, str):
-        types = [declared]
-    elif isinstance(declared, list) and declared and all(isinstance(t, str) for t in declared):
-        types = list(dict.fromkeys(declared))
-    else:
-        raise SchemaError(f"type must be a name or a non-empty list of names, got {declared!r}")
-    if types is not None:
-        unknown = [t for t in types if t not in JSON_TYPES]
-        if unknown:
-            raise SchemaError(f"unknown type {unknown[0]!r}")
-    if schema.get("nullable") is True:
-        base = types if types is not None else _inferred_types(schema)
-        if base is not None and "null" not in base:
-            types = [*base, "null"]
-    return types
+def _top_types(schema: Any, compiler: SchemaCompiler, depth: int = 0) -> frozenset[str] | None:
+    """The top-level JSON types ``schema`` admits (None: any)."""
+    if depth > 32 or not isinstance(schema, Mapping):
+        return None if schema is not False else frozenset()
+    if "$ref" in schema:
+        return _top_types(compiler.resolve(schema["$ref"]), compiler, depth + 1)
+    if isinstance(schema.get("allOf"), list) and schema["allOf"]:
+        return _top_types(schema["allOf"][0], compiler, depth + 1)
+    if "const" in schema:
+        return frozenset({_json_type(schema["const"])})
+    if isinstance(schema.get("enum"), list):
+        return frozenset(_json_type(v) for v in schema["enum"])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            union: set[str] = set()
+            for branch in schema[key]:
+                got = _top_types(branch, compiler, depth + 1)
+                if got is None:
+                    return None
+                union |= got
+            return frozenset(union)
+    declared = declared_types(schema)
+    return None if declared is None else frozenset(declared)
 
 
-def _inferred_types(schema: Mapping[str, Any]) -> list[str] | None:
-    """The type a keyword-only schema is meant for (e.g. ``{"properties": ...}`` → object), else None."""
-    for keys, name in (
-        (_OBJECT_KEYS, "object"),
-        (_ARRAY_KEYS, "array"),
-        (_STRING_KEYS, "string"),
-        (_NUMBER_KEYS, "number"),
-    ):
-        if any(k in schema for k in keys):
-            return [name]
-    return None
+class CompiledSchema:
+    """A schema analysed once: :meth:`generate` draws instances, :meth:`violation` an invalid one."""
+
+    __slots__ = ("_gen", "_top", "schema")
+
+    def __init__(self, schema: Any) -> None:
+        compiler = SchemaCompiler(schema)
+        self.schema = schema
+        try:
+            self._gen = compiler.compile(schema)
+        except RecursionError:  # e.g. a $ref chain that never reaches a schema
+            raise SchemaError("schema nesting too deep (or a reference cycle)") from None
+        self._top = _top_types(schema, compiler)
+
+    def generate(self, rng: random.Random) -> Any:
+        """One instance (deterministic for a given rng state). Raises :class:`SchemaError` when the schema only
+        admits infinitely nested values."""
+        try:
+            return self._gen(rng, 0)
+        except RecursionError:
+            raise SchemaError("schema admits only unboundedly nested values") from None
+
+    def violation(self, rng: random.Random) -> str | None:
+        """JSON text of a value whose top-level type the schema forbids, or None when it allows every
+        non-numeric type at the top (then no violation can be built this way)."""
+        if self._top is None:
+            return None
+        allowed = self._top | ({"integer"} if "number" in self._top else set())
+        candidates = [text for name, text in _VIOLATORS if name not in allowed]
+        return rng.choice(candidates) if candidates else None
 
 
-def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """Shallow conjunction of two schemas (right for the shapes allOf and union siblings take in practice)."""
-    out = dict(a)
-    for key, value in b.items():
-        if key not in out:
-            out[key] = value
-        elif key == "properties" and isinstance(value, Mapping) and isinstance(out[key], Mapping):
-            props = dict(out[key])
-            for name, sub in value.items():
-                props[name] = {"allOf": [props[name], sub]} if name in props else sub
-            out[key] = props
-        elif key == "required" and isinstance(value, list) and isinstance(out[key], list):
-            out[key] = list(dict.fromkeys([*out[key], *value]))
-        elif key == "type":
-            left = out[key] if isinstance(out[key], list) else [out[key]]
-            right = value if isinstance(value, list) else [value]
-            both = [t for t in left if t in right or (t == "integer" and "number" in right)]
-            both += [t for t in right if t == "integer" and "number" in left and t not in both]
-            if not both:
-                raise SchemaError(f"allOf types {left} and {right} do not intersect")
-            out[key] = both
-        elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
-            if isinstance(value, int | float) and isinstance(out[key], int | float):
-                out[key] = max(out[key], value)
-        elif key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"):
-            if isinstance(value, int | float) and isinstance(out[key], int | float):
-                out[key] = min(out[key], value)
-        elif key == "additionalProperties" and value is False:
-            out[key] = False
-        elif key == "enum" and isinstance(value, list) and isinstance(out[key], list):
-            out[key] = [v for v in out[key] if v in value]
-    return out
+def compile_schema(schema: Any) -> CompiledSchema:
+    """Analyse ``schema`` now (uncached). Raises :class:`SchemaError` if it is malformed or unsatisfiable."""
+    return CompiledSchema(schema)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_by_key(key: str) -> CompiledSchema:
+    return CompiledSchema(json.loads(key))
+
+
+def compiled_schema(schema: Any) -> CompiledSchema:
+    """:func:`compile_schema`, cached by the schema's canonical JSON (1,024 most recent schemas)."""
+    return _compiled_by_key(json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
