@@ -38,6 +38,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from combee.dedup import Similarity
+from combee.embeddings import NearDuplicates
 from combee.models import GENERAL_SECTION, LIMITS, AddOp, BulletId, DeltaOp, Playbook, RemoveOp, Section, UpdateOp
 
 __all__ = [
@@ -47,11 +48,12 @@ __all__ = [
     "PendingLesson",
     "corroborate",
     "corroborate_tags",
+    "corroborate_with",
     "established",
     "teachers",
 ]
 
-HELD_REASONS = ("pending", "trace_cap", "producer_cap", "expired")
+HELD_REASONS = ("pending", "trace_cap", "producer_cap", "expired", "harmful_tag")
 """Why an operation did not go live in its window (a bounded set: it labels a metric)."""
 
 _MAX_TRACES = 64  # trace ids kept per pending lesson (its teachers are counted from them)
@@ -308,3 +310,26 @@ def corroborate_tags(
             harmful = 0
         out[bullet_id] = (helpful, harmful)
     return out, dropped
+
+
+async def corroborate_with(
+    ops: Sequence[DeltaOp],
+    pending: Sequence[PendingLesson],
+    playbook: Playbook,
+    policy: Corroboration,
+    dedup: NearDuplicates | None,
+    *,
+    producers: Mapping[str, str],
+    window_id: str,
+    at: float,
+) -> Corroborated:
+    """:func:`combee.corroborate.corroborate` with the near-duplicate rule's vectors for the texts it compares
+    (none needed, and none asked for, while the pool is empty)."""
+    similarity = None
+    if dedup is not None and pending:
+        texts = [e.content for e in pending if e.content]
+        texts += [op.content for op in ops if isinstance(op, AddOp | UpdateOp)]
+        similarity = await dedup.similarity(texts)
+    return corroborate(
+        ops, pending, playbook, policy, window_id=window_id, at=at, producers=producers, similarity=similarity
+    )

@@ -127,3 +127,22 @@ def test_bad_settings_are_refused():
         Corroboration(min_traces=0)
     with pytest.raises(ValueError):
         Corroboration(trace_cap=0)
+
+
+def test_finish_ops_holds_an_uncorroborated_lesson_and_releases_it_when_corroborated():
+    import asyncio
+
+    from combee.engine import MethodConfig, finish_ops
+    from combee.meter import Meter
+
+    config = MethodConfig(corroboration=Corroboration(min_traces=2))
+    meter = Meter()
+    pb = _playbook()
+    first = asyncio.run(finish_ops((_add("t1"),), pb, config, None, meter, window_id="w1", at=1.0))
+    assert first.ops == () and first.corroborated is not None and meter.held == {"pending": 1}
+    pool = first.corroborated.pending
+    second = asyncio.run(finish_ops((_add("t2"),), pb, config, None, meter, pending=pool, window_id="w2", at=2.0))
+    assert [op.sources for op in second.ops] == [("t1", "t2")]  # type: ignore[union-attr]
+    assert second.corroborated is not None and second.corroborated.pending == ()
+    plain = asyncio.run(finish_ops((_add("t1"),), pb, MethodConfig(), None, Meter(), window_id="w", at=0.0))
+    assert len(plain.ops) == 1 and plain.corroborated is None
