@@ -19,7 +19,7 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from combee.corroborate import Corroborated, Corroboration, PendingLesson, corroborate_tags, corroborate_with
@@ -123,6 +123,12 @@ class MethodConfig:
     # How many independent teachers a lesson needs, and how many bullets one trace or producer may add per
     # window (combee.corroborate; the default holds nothing back).
     corroboration: Corroboration = field(default_factory=Corroboration)
+    corroboration_namespaces: tuple[tuple[str, int], ...] = ()  # (namespace, min_traces) overrides
+
+    def corroboration_for(self, namespace: str) -> Corroboration:
+        """The corroboration rules of ``namespace``: ``corroboration`` with its own ``min_traces`` if it has one."""
+        k = dict(self.corroboration_namespaces).get(namespace)
+        return self.corroboration if k is None else replace(self.corroboration, min_traces=k)
 
     def __post_init__(self) -> None:
         if self.p < 1:
@@ -454,7 +460,14 @@ async def finish_ops(
     )
     ops = await fold_delta_ops(dedup, ops, playbook, meter)
     corroborated = await corroborate_with(
-        ops, pending, playbook, config.corroboration, dedup, producers=producers or {}, window_id=window_id, at=at
+        ops,
+        pending,
+        playbook,
+        config.corroboration_for(playbook.namespace),
+        dedup,
+        producers=producers or {},
+        window_id=window_id,
+        at=at,
     )
     meter.hold(corroborated.held)
     return Finished(corroborated.ops, guarded.quarantined, corroborated if corroborated.held or pending else None)
@@ -632,7 +645,7 @@ async def reduce_window(
         window_id=window.id, at=clock(),
     )  # fmt: skip
     ops = finished.ops
-    tags, held_tags = corroborate_tags(tags, playbook, config.corroboration)
+    tags, held_tags = corroborate_tags(tags, playbook, config.corroboration_for(playbook.namespace))
     meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(
         namespace=window.namespace,
