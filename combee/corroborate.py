@@ -199,7 +199,7 @@ def _support(
         return PendingLesson(
             id=_pending_id(ns, window_id, op),
             namespace=ns,
-            op=op.op,  # type: ignore[arg-type]
+            op=op.op,
             section=op.section if isinstance(op, AddOp) else GENERAL_SECTION,
             bullet_id=getattr(op, "bullet_id", None),
             content=getattr(op, "content", "")[: LIMITS.bullet_chars],

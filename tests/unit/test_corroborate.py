@@ -146,3 +146,14 @@ def test_finish_ops_holds_an_uncorroborated_lesson_and_releases_it_when_corrobor
     assert second.corroborated is not None and second.corroborated.pending == ()
     plain = asyncio.run(finish_ops((_add("t1"),), pb, MethodConfig(), None, Meter(), window_id="w", at=0.0))
     assert len(plain.ops) == 1 and plain.corroborated is None
+
+
+def test_settings_set_the_rules_and_a_namespace_may_override_k():
+    from combee.settings import Settings
+    from combee.wiring import method_config
+
+    settings = Settings(corroborate_min_traces=2, corroborate_namespaces={"finance": 4}, corroborate_trace_cap=3)
+    config = method_config(settings, "combee")
+    assert config.corroboration_for("other") == Corroboration(min_traces=2, trace_cap=3)
+    assert config.corroboration_for("finance") == Corroboration(min_traces=4, trace_cap=3)
+    assert not method_config(Settings(), "combee").corroboration_for("x").active
