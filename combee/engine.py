@@ -475,7 +475,7 @@ async def finish_ops(
 
 def producers_of(traces: Sequence[Trace]) -> dict[str, str]:
     """Trace id -> producer (``metadata["producer"]``) of the traces that name one."""
-    return {t.trace_id: t.metadata["producer"] for t in traces if t.metadata.get("producer")}
+    return {t.trace_id: str(t.metadata["producer"]) for t in traces if t.metadata.get("producer")}
 
 
 def teaching(reflections: Sequence[Reflection]) -> list[Reflection]:

@@ -25,7 +25,7 @@ LESSON = "Divide net income by revenue for the net margin of a segment."
 
 @pytest.fixture
 def echo_pipe(tmp_path: Path) -> Iterator[Pipeline]:
-    server = EchoServer().start()
+    server = EchoServer(cite=True).start()
     env = {"COMBEE_EMBEDDINGS": "off", "COMBEE_MODEL": "echo", "COMBEE_CORROBORATE_MIN_TRACES": "2"}
     pipe = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path, base_url=server.base_url, env_extra=env)
     try:
