@@ -59,7 +59,7 @@ def test_one_traces_lesson_stays_pending_until_a_second_producer_teaches_it(
     pipe.create_topics()
     worker = pipe.start_worker()
     pipe.publish_traces([_trace(0, "alice")])
-    pipe.wait_learned({NS: 1})
+    pipe.wait_learned({NS: 1}, timeout_s=600)
     assert not _live(pipe)
     wait_until(lambda: len(_pending(pipe, monkeypatch, capsys)) == 1, 30, "the pending lesson in Redis")
     (entry,) = _pending(pipe, monkeypatch, capsys)
@@ -69,13 +69,13 @@ def test_one_traces_lesson_stays_pending_until_a_second_producer_teaches_it(
     worker.stop()  # the pool outlives the worker: the next one loads it from Redis
     pipe.start_worker()
     pipe.publish_traces([_trace(1, "alice")])  # the same producer again: still one teacher
-    pipe.wait_learned({NS: 2})
+    pipe.wait_learned({NS: 2}, timeout_s=600)
     assert not _live(pipe)
     (entry,) = _pending(pipe, monkeypatch, capsys)
     assert entry["sources"] == ["t0", "t1"] and entry["teachers"] == 1 and entry["windows"] == 2
 
     pipe.publish_traces([_trace(2, "bob")])
-    pipe.wait_learned({NS: 3})
+    pipe.wait_learned({NS: 3}, timeout_s=600)
     (bullet,) = [b for b in pipe.published_playbook(NS).bullets if LESSON in b.content]
     assert set(bullet.sources) == {"t0", "t1", "t2"}
     assert _pending(pipe, monkeypatch, capsys) == []
