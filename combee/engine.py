@@ -18,10 +18,11 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
+from combee.corroborate import Corroborated, Corroboration, PendingLesson, corroborate_tags, corroborate_with
 from combee.dedup import fold_copies
 from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
@@ -119,6 +120,15 @@ class MethodConfig:
     parse_attempts: int = 3
     retry_temperatures: tuple[float, ...] = RETRY_TEMPERATURES
     policy: ApplyPolicy = field(default_factory=ApplyPolicy)
+    # How many independent teachers a lesson needs, and how many bullets one trace or producer may add per
+    # window (combee.corroborate; the default holds nothing back).
+    corroboration: Corroboration = field(default_factory=Corroboration)
+    corroboration_namespaces: tuple[tuple[str, int], ...] = ()  # (namespace, min_traces) overrides
+
+    def corroboration_for(self, namespace: str) -> Corroboration:
+        """The corroboration rules of ``namespace``: ``corroboration`` with its own ``min_traces`` if it has one."""
+        k = dict(self.corroboration_namespaces).get(namespace)
+        return self.corroboration if k is None else replace(self.corroboration, min_traces=k)
 
     def __post_init__(self) -> None:
         if self.p < 1:
@@ -395,11 +405,13 @@ async def canonical_reflections(
 
 @dataclass(frozen=True)
 class Finished:
-    """A window's operations ready to apply, and the ones the guard quarantined (with their reason), which
-    must not be applied: the caller stores them for an operator (:mod:`combee.quarantine`)."""
+    """A window's operations ready to apply, the ones the guard quarantined (with their reason), which must
+    not be applied: the caller stores them for an operator (:mod:`combee.quarantine`), and the pending pool
+    after corroboration (:mod:`combee.corroborate`; None when corroboration held nothing and had no pool)."""
 
     ops: tuple[DeltaOp, ...]
     quarantined: tuple[tuple[DeltaOp, str], ...] = ()
+    corroborated: Corroborated | None = None
 
 
 async def finish_ops(
@@ -408,16 +420,24 @@ async def finish_ops(
     config: MethodConfig,
     dedup: NearDuplicates | None,
     meter: Meter,
+    *,
+    pending: Sequence[PendingLesson] = (),
+    producers: Mapping[str, str] | None = None,
+    window_id: str = "",
+    at: float = 0.0,
 ) -> Finished:
     """A window's united operations made ready to apply against ``playbook``, in this order: the augmented
     shuffle's copies of one lesson folded (:func:`combee.dedup.fold_copies`), every ADD and UPDATE text put on
     one line and the ones that may not go live quarantined (:func:`combee.guard.guard_ops`: always, whatever the
     reduce that proposed them), operations that record a run refused (``config.screen``), ADD sections
-    canonical, near duplicates folded into the playbook and into one another (:func:`fold_delta_ops`).
+    canonical, near duplicates folded into the playbook and into one another (:func:`fold_delta_ops`), and
+    last the ones not corroborated yet held in the pending pool ``pending`` (``config.corroboration``,
+    :func:`combee.corroborate.corroborate_with`; ``producers``: trace id -> producer; ``window_id`` and ``at``
+    stamp new entries).
     Deterministic given the embedder's vectors; what it returns is what gets applied and logged, so applying it
     again (a replay) needs no vectors. Every path that adds a bullet from learning goes through here: the
     offline engine's :func:`reduce_window` (every method and reduce shape) and the stream combiner."""
-    if not ops:
+    if not ops and not pending:
         return Finished(())
     texts = [op.content for op in ops if isinstance(op, AddOp)]
     similarity = await dedup.similarity(texts) if dedup is not None and texts else None
@@ -438,7 +458,24 @@ async def finish_ops(
         else op
         for op in ops
     )
-    return Finished(await fold_delta_ops(dedup, ops, playbook, meter), guarded.quarantined)
+    ops = await fold_delta_ops(dedup, ops, playbook, meter)
+    corroborated = await corroborate_with(
+        ops,
+        pending,
+        playbook,
+        config.corroboration_for(playbook.namespace),
+        dedup,
+        producers=producers or {},
+        window_id=window_id,
+        at=at,
+    )
+    meter.hold(corroborated.held)
+    return Finished(corroborated.ops, guarded.quarantined, corroborated if corroborated.held or pending else None)
+
+
+def producers_of(traces: Sequence[Trace]) -> dict[str, str]:
+    """Trace id -> producer (``metadata["producer"]``) of the traces that name one."""
+    return {t.trace_id: str(t.metadata["producer"]) for t in traces if t.metadata.get("producer")}
 
 
 def teaching(reflections: Sequence[Reflection]) -> list[Reflection]:
@@ -499,6 +536,7 @@ class WindowResult:
     keyed: KeyedPlan | None = None
     teaching: int = 0  # reflections with at least one insight after the screen: what the reduce planned over
     quarantined: tuple[tuple[DeltaOp, str], ...] = ()  # operations the guard held back, with their reason
+    pending: tuple[PendingLesson, ...] = ()  # the pending pool after the window (combee.corroborate)
 
 
 async def _gather(aws: Sequence[Awaitable[V]]) -> list[V]:
@@ -514,8 +552,10 @@ async def run_window(
     prompts: PromptSet = DEFAULT_PROMPTS,
     clock: Callable[[], float] = time.monotonic,
     dedup: NearDuplicates | None = None,
+    pending: Sequence[PendingLesson] = (),
 ) -> WindowResult:
-    """Run one iteration of ``config.method`` on ``window`` against ``playbook`` (frozen for the iteration).
+    """Run one iteration of ``config.method`` on ``window`` against ``playbook`` (frozen for the iteration),
+    with the pending pool ``pending`` of corroboration (the result's ``pending`` is the pool after it).
 
     With ``dedup`` (semantic de-duplication), near-duplicate proposals collapse before every merge call and
     the final delta's ADDs are folded into near-duplicate bullets (or one another) before it is applied —
@@ -546,6 +586,7 @@ async def run_window(
         meter=meter,
         started=started,
         map_s=map_s,
+        pending=pending,
     )
 
 
@@ -572,6 +613,7 @@ async def reduce_window(
     meter: Meter | None = None,
     started: float | None = None,
     map_s: float = 0.0,
+    pending: Sequence[PendingLesson] = (),
 ) -> WindowResult:
     """The rest of an iteration once the window's traces are reflected (``reflected``, in trace order): tags,
     the reduce of ``config``, the finishing of its operations and the apply. :func:`run_window` calls it after
@@ -598,8 +640,13 @@ async def reduce_window(
         outcome = await curate(reflections, playbook, llm, **kw)  # type: ignore[arg-type]
         ops, reduce_s = outcome.value or (), outcome.service_s
 
-    finished = await finish_ops(ops, playbook, config, dedup, meter)
+    finished = await finish_ops(
+        ops, playbook, config, dedup, meter, pending=pending, producers=producers_of(window.traces),
+        window_id=window.id, at=clock(),
+    )  # fmt: skip
     ops = finished.ops
+    tags, held_tags = corroborate_tags(tags, playbook, config.corroboration_for(playbook.namespace))
+    meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(
         namespace=window.namespace,
         window_id=window.id,
@@ -622,6 +669,7 @@ async def reduce_window(
         keyed=keyed,
         teaching=len(reflections),
         quarantined=finished.quarantined,
+        pending=finished.corroborated.pending if finished.corroborated is not None else tuple(pending),
     )
 
 

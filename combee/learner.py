@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from combee.controller import BatchSizeController, ControllerDecision
+from combee.corroborate import PendingLesson
 from combee.embeddings import NearDuplicates
 from combee.engine import Method, MethodConfig, Window, WindowResult, run_window
 from combee.errors import ConfigError, LLMParseError
@@ -77,6 +78,7 @@ class LearnResult:
     meter: Meter
     wall_s: float
     decision: ControllerDecision | None = None
+    pending: tuple[PendingLesson, ...] = ()  # lessons still waiting for corroboration at the end
 
     @property
     def critical_path_s(self) -> float:
@@ -133,6 +135,7 @@ async def learn(
         raise ConfigError(f"traces span several namespaces ({', '.join(namespaces[:5])}); learn one at a time")
     namespace = namespaces[0]
     current = playbook or Playbook(namespace=namespace)
+    pending: tuple[PendingLesson, ...] = ()  # lessons waiting for corroboration (combee.corroborate)
     meter = Meter()
     records: list[IterationRecord] = []
     started = clock()
@@ -162,8 +165,10 @@ async def learn(
                 size = config.batch_size
             chunk = tuple(traces[i : i + size])
             window = Window(namespace, f"file:e{epoch}", i, i + len(chunk) - 1, chunk)
-            result = await run_window(window, current, llm, method, prompts=prompts, clock=clock, dedup=dedup)
-            current = result.playbook
+            result = await run_window(
+                window, current, llm, method, prompts=prompts, clock=clock, dedup=dedup, pending=pending
+            )
+            current, pending = result.playbook, result.pending
             meter.absorb(result.meter)
             records.append(_record(result, epoch, len(chunk), trial))
             if controller is not None and trial:
@@ -174,7 +179,9 @@ async def learn(
                 progress(done, total, current)
     if controller is not None and decision is None:
         decision = controller.decide()
-    return LearnResult(playbook=current, iterations=records, meter=meter, wall_s=clock() - started, decision=decision)
+    return LearnResult(
+        playbook=current, iterations=records, meter=meter, wall_s=clock() - started, decision=decision, pending=pending
+    )
 
 
 # --- evaluation -----------------------------------------------------------------------------------------

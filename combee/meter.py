@@ -3,7 +3,7 @@ simulated flag. Meters add up, so an iteration's meter folds into its run's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from combee.llm import ChatResponse, Role, Usage
@@ -72,6 +72,7 @@ class Meter:
     refused: dict[str, int] = field(default_factory=dict)  # insights and ops the lesson screen refused, by reason
     trimmed: dict[str, int] = field(default_factory=dict)  # sentences it took out of lessons it kept, by reason
     quarantined: dict[str, int] = field(default_factory=dict)  # ops the guard held back (combee.guard), by reason
+    held: dict[str, int] = field(default_factory=dict)  # ops and tags corroboration held back (combee.corroborate)
     normalised: int = 0  # lesson texts the guard put on one visible line
     sections_mapped: int = 0  # section labels canonicalised onto another section (combee.sections)
     simulated: bool = False
@@ -116,6 +117,8 @@ class Meter:
             self.trimmed[reason] = self.trimmed.get(reason, 0) + n
         for reason, n in other.quarantined.items():
             self.quarantined[reason] = self.quarantined.get(reason, 0) + n
+        for reason, n in other.held.items():
+            self.held[reason] = self.held.get(reason, 0) + n
         self.normalised += other.normalised
         self.sections_mapped += other.sections_mapped
         self.simulated |= other.simulated
@@ -130,6 +133,11 @@ class Meter:
         """Count operations the guard quarantined (:mod:`combee.guard`), one reason each."""
         for reason in reasons:
             self.quarantined[reason] = self.quarantined.get(reason, 0) + 1
+
+    def hold(self, counts: Mapping[str, int]) -> None:
+        """Count what corroboration held back (:mod:`combee.corroborate`), by reason."""
+        for reason, n in counts.items():
+            self.held[reason] = self.held.get(reason, 0) + n
 
     def trim(self, reasons: Iterable[str]) -> None:
         """Count sentences the screen took out of lessons it kept, one reason each."""

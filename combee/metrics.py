@@ -82,6 +82,10 @@ class Metrics(Protocol):
     def bullet_quarantined(self, namespace: str, reason: str) -> None:
         """A lesson the guard held back (``reason``: one of :data:`combee.guard.REASONS`), not published."""
 
+    def lessons_held(self, namespace: str, reason: str, n: int = 1) -> None:
+        """``n`` operations or tags corroboration held back in a window (``reason``: one of
+        :data:`combee.corroborate.HELD_REASONS`)."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -138,6 +142,9 @@ class NoMetrics:
         pass
 
     def bullet_quarantined(self, namespace: str, reason: str) -> None:
+        pass
+
+    def lessons_held(self, namespace: str, reason: str, n: int = 1) -> None:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:

@@ -20,6 +20,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from combee.corroborate import HELD_REASONS
 from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
 from combee.guard import REASONS as GUARD_REASONS
 from combee.labels import OTHER, BoundedLabels
@@ -138,6 +139,13 @@ class PrometheusMetrics:
             ["namespace", "reason"],
             registry=r,
         )
+        self._held = Counter(
+            "combee_lessons_held",
+            "Operations and harmful tags corroboration held back, by reason (combee.corroborate.HELD_REASONS; "
+            "`combee bullet list NS --pending`).",
+            ["namespace", "reason"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -251,6 +259,9 @@ class PrometheusMetrics:
 
     def bullet_quarantined(self, namespace: str, reason: str) -> None:
         self._quarantined.labels(self._ns(namespace), reason if reason in GUARD_REASONS else "other").inc()
+
+    def lessons_held(self, namespace: str, reason: str, n: int = 1) -> None:
+        self._held.labels(self._ns(namespace), reason if reason in HELD_REASONS else "other").inc(n)
 
     # --- exposition ----------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -463,17 +463,24 @@ def _section_heading(section: str) -> str:
     return f"## {section.replace('_', ' ')}"
 
 
-def _render_bullet(b: Bullet) -> str:
+def _render_bullet(b: Bullet, lesson: Callable[[str], str] = one_line_lesson) -> str:
     # one line whatever the store holds (combee.guard put every learned text on one line; an older snapshot,
     # or a tampered one, may not have been): a bullet cannot start a heading or a forged bullet of its own
-    return f"- [{b.id}] {one_line_lesson(b.content)}"
+    return f"- [{b.id}] {lesson(b.content)}"
 
 
-def render_prompt(playbook: Playbook, *, note: str | None = None, grouped: bool = False) -> str:
+def render_prompt(
+    playbook: Playbook,
+    *,
+    note: str | None = None,
+    grouped: bool = False,
+    lesson: Callable[[str], str] = one_line_lesson,
+) -> str:
     """The playbook as system-prompt text. Deterministic, and laid out for prefix caching (see above): the
     header, the settled bullets grouped by section, the newer ones in id order, ``note`` (if any), and last the
     version. ``grouped`` puts every bullet under its section's one heading (for views whose bullets are
-    chosen by score, which have no stable prefix to keep)."""
+    chosen by score, which have no stable prefix to keep). ``lesson`` writes a bullet's text (default: on one
+    line; the learner's own prompts write it as escaped data, :func:`combee.prompts.render.lesson_data`)."""
     bullets = sorted(playbook.bullets, key=lambda b: _id_number(b.id))
     mark = playbook.next_id + 1 if grouped else settling_mark(playbook.next_id)
     settled = [b for b in bullets if _id_number(b.id) < mark]
@@ -485,7 +492,7 @@ def render_prompt(playbook: Playbook, *, note: str | None = None, grouped: bool 
     for section, members in by_section.items():
         lines.append("")
         lines.append(_section_heading(section))
-        lines.extend(_render_bullet(b) for b in members)
+        lines.extend(_render_bullet(b, lesson) for b in members)
     if newer and settled:
         lines += ["", _NEWER]
     previous = None
@@ -493,7 +500,7 @@ def render_prompt(playbook: Playbook, *, note: str | None = None, grouped: bool 
         if b.section != previous:
             lines += ["", _section_heading(b.section)]
             previous = b.section
-        lines.append(_render_bullet(b))
+        lines.append(_render_bullet(b, lesson))
     if note:
         lines += ["", note]
     lines += ["", _footer(playbook.version)]

@@ -108,6 +108,20 @@ class Settings(StreamSettings):
     quota_producer_per_s: float = Field(default=20.0, ge=0, allow_inf_nan=False)
     quota_producer_burst: int = Field(default=5_000, ge=1)
 
+    # --- corroboration (docs/security.md, "Corroboration and caps"; combee/corroborate.py) ---
+    # A new bullet, and an UPDATE or REMOVE of an established bullet (found helpful at least
+    # corroborate_established_helpful times, or pinned), goes live only when this many distinct traces taught it
+    # (traces of one producer count once); until then it is pending (`combee bullet list NS --pending`). 1: off.
+    corroborate_min_traces: int = Field(default=1, ge=1)
+    # Per-namespace overrides of corroborate_min_traces, a JSON object: {"finance": 3}.
+    corroborate_namespaces: dict[str, int] = Field(default_factory=dict)
+    corroborate_established_helpful: int = Field(default=1, ge=1)
+    # New bullets one trace / one producer may be a source of per window (the excess is refused and counted).
+    corroborate_trace_cap: int | None = Field(default=None, ge=1)
+    corroborate_producer_cap: int | None = Field(default=None, ge=1)
+    # Pending lessons kept per namespace (the least recently supported go first).
+    corroborate_max_pending: int = Field(default=256, ge=0)
+
     # --- operations (docs/operations.md) ---
     # Prometheus metrics of a worker on http://<metrics_host>:<metrics_port>/metrics; unset: no metrics, no port.
     # Every worker process on a host needs a port of its own.

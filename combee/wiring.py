@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from combee.corroborate import Corroboration
 from combee.embeddings import Embedder, NearDuplicates
 from combee.engine import Method, MethodConfig
 from combee.errors import ConfigError
@@ -176,6 +177,14 @@ def method_config(settings: Settings, method: str, group_factor: float = 1.0) ->
         screen=settings.screen,
         parse_attempts=settings.parse_attempts,
         policy=ApplyPolicy(token_budget=settings.token_budget),
+        corroboration=Corroboration(
+            min_traces=settings.corroborate_min_traces,
+            trace_cap=settings.corroborate_trace_cap,
+            producer_cap=settings.corroborate_producer_cap,
+            established_helpful=settings.corroborate_established_helpful,
+            max_pending=settings.corroborate_max_pending,
+        ),
+        corroboration_namespaces=tuple(sorted(settings.corroborate_namespaces.items())),
     )
 
 

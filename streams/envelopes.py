@@ -155,6 +155,11 @@ class WindowPlan(_Envelope):
     map_service_s: float = 0.0
     skipped_traces: int = 0
     trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
+    producers: dict[str, str] = Field(
+        default_factory=dict,
+        description="trace id -> producer (metadata.producer) of the window's traces that name one: corroboration "
+        "counts a producer's traces as one teacher (combee.corroborate)",
+    )
     lessons: dict[str, tuple[LessonLine, ...]] = Field(
         default_factory=dict,
         description="per trace id, the lessons its reflection stated, cut short (combee.evidence.window_lessons); "

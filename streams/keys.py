@@ -14,6 +14,7 @@ Cluster slot and the atomic publish script can touch them together.
 ``<prefix>:{<ns>}:outcome-marks`` hash: ``p<partition>`` -> the last traces offset counted into ``outcomes``
 ``<prefix>:{<ns>}:quarantine`` hash: quarantine id -> JSON of a bullet the guard held back (streams/quarantine.py)
 ``<prefix>:{<ns>}:quarantine:resolved`` set: quarantine ids an operator released or removed
+``<prefix>:{<ns>}:pending`` hash: pending id -> JSON of a lesson waiting for corroboration (streams/pending.py)
 ``<prefix>:{<ns>}:audit``     stream: the operators' actions on bullets (``combee bullet audit``), append-only
 ``<prefix>:namespaces``       set of namespaces ever published
 ``<prefix>:seen``             set of namespaces a worker has received a trace of (published or not yet)
@@ -64,6 +65,9 @@ class RedisKeys:
 
     def quarantine_resolved(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:quarantine:resolved"
+
+    def pending(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:pending"
 
     def audit(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:audit"

@@ -27,6 +27,7 @@ from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
 from streams.forget import CachedRules
+from streams.pending import PendingStore
 from streams.quarantine import QuarantineStore
 from streams.redis_outcomes import RedisOutcomes
 from streams.topics import MAX_MESSAGE_BYTES, Topics
@@ -175,6 +176,7 @@ def create_app(
         forget_rules=CachedRules(store.forget_rules, time.monotonic),
         quotas=build_quotas(settings),
         quarantine=QuarantineStore(store.redis, store.keys),
+        pending=PendingStore(store.redis, store.keys),
     )
     recorder = ctx.outcomes = OutcomeRecorder(RedisOutcomes(store.redis, store.keys), ctx.acks.done)
     publisher.on_published = publish_listener(ctx)

@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any, cast
 
+from combee.corroborate import corroborate_tags
 from combee.engine import finish_ops, merge
 from combee.evidence import explain_delta
 from combee.llm import Role
@@ -33,6 +34,7 @@ from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
 from workers.bullets import operate
 from workers.commit import bind, commit, commit_control, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
+from workers.pending import keep_pending, pending_pool
 from workers.runtime import NamespaceRuntime, OpenWindow
 
 __all__ = ["ensure_ready", "handle_partial"]
@@ -205,14 +207,20 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     meter = Meter()
     # logged finished (copies folded, records refused, sections canonical, near duplicates folded): a replay
     # needs no vectors
-    finished = await finish_ops(ops, current, ctx.config.method, ctx.dedup, meter)
+    cfg = ctx.config.method
+    finished = await finish_ops(
+        ops, current, cfg, ctx.dedup, meter, pending=await pending_pool(ctx, rt), producers=plan.producers,
+        window_id=w.window_id, at=time.time(),
+    )  # fmt: skip
     proposed, ops = ops, finished.ops
+    tags, held_tags = corroborate_tags(plan.tag_counts, current, cfg.corroboration_for(rt.namespace))
+    meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(
         namespace=rt.namespace,
         window_id=w.window_id,
         base_version=plan.base_version,
         ops=ops,
-        tag_counts=plan.tag_counts,
+        tag_counts=tags,
         trace_count=plan.trace_count,
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
@@ -245,6 +253,9 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         await ctx.acks.done(e)
     for entry in held:
         ctx.metrics.bullet_quarantined(rt.namespace, entry.reason)
+    for reason, n in sorted(meter.held.items()):
+        ctx.metrics.lessons_held(rt.namespace, reason, n)
+    await keep_pending(ctx, rt, finished.corroborated)
     del rt.windows[w.window_id]
     rt.by_seq.pop(plan.seq, None)
     rt.windows_applied += 1

@@ -53,6 +53,7 @@ def bind(ctx: StageContext, tenure: Tenure, namespace: str) -> NamespaceRuntime:
             rt.by_seq.clear()
             rt.playbooks.clear()
         rt.tenure = tenure
+        rt.pending = None  # loaded again: the tenure before may have changed it
     return rt
 
 

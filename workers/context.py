@@ -31,6 +31,7 @@ from workers.tenure import Tenure
 
 if TYPE_CHECKING:
     from streams.forget import CachedRules
+    from streams.pending import PendingStore
     from streams.quarantine import QuarantineStore
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
@@ -103,6 +104,8 @@ class StageContext:
     outcomes: OutcomeRecorder | None = None
     # where the combiner stores the lessons the guard held back, and operators' actions (None: not stored)
     quarantine: QuarantineStore | None = None
+    # where the combiner keeps the lessons waiting for corroboration (None: in memory only)
+    pending: PendingStore | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from combee.engine import canonical_reflections, teaching
+from combee.engine import canonical_reflections, producers_of, teaching
 from combee.evidence import window_lessons
 from combee.meter import Meter
 from combee.models import Playbook, Reflection
@@ -183,6 +183,7 @@ async def _map_one(
         map_service_s=map_s,
         skipped_traces=skipped,
         trace_ids=tuple(t.trace_id for t in acc.traces),
+        producers=producers_of(acc.traces),
         lessons=window_lessons(reflections),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)

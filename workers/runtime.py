@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from combee.controller import BatchSizeController, ControllerDecision
+from combee.corroborate import PendingLesson
 from combee.fanout import ReflectionGather
 from combee.models import Playbook, Trace
 from combee.scan import ReduceTracker
@@ -122,6 +123,10 @@ class NamespaceRuntime:
     # versions applied here and not yet seen in Redis -> their window's closing time (wall clock), for the
     # closed-to-published latency
     unpublished: dict[int, float] = field(default_factory=dict)
+    # lessons waiting for corroboration (None: not loaded from Redis in this tenure) and the pool ids whose
+    # change is not yet written there (workers/pending.py)
+    pending: tuple[PendingLesson, ...] | None = None
+    pending_unsaved: set[str] = field(default_factory=set)
     # counters (status)
     traces_seen: int = 0
     dead_lettered: int = 0

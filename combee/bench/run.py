@@ -35,7 +35,7 @@ from typing import Any
 from combee.bench import report, tables
 from combee.bench.size import FIXED_BUDGET
 from combee.bench.spec import BenchConfig, RunSpec, factor_label, is_shared, plan_runs
-from combee.bench.worker import exit_with_parent, train
+from combee.bench.worker import SIM_START_TIMEOUT_S, exit_with_parent, train
 from combee.sim.traceset import test_path, truth_path, write_trace_set
 from combee.wiring import simulator_llm
 
@@ -142,7 +142,8 @@ def _evaluation_simulator(config: BenchConfig, log: Log) -> Iterator[str]:
     sim_config = SimConfig(
         seed=config.sim_seed, time_scale=config.time_scale, max_concurrency=config.sim_max_concurrency
     )
-    with SimProcess(sim_config, world="combee") as sim:
+    # started with the training simulators' allowance: on a loaded machine the child takes more than 30 s
+    with SimProcess(sim_config, world="combee").start(timeout=SIM_START_TIMEOUT_S) as sim:
         log(f"SIMULATED model for evaluation (pid {sim.pid}) at {sim.base_url}, time_scale {config.time_scale}")
         yield sim.base_url
 
@@ -361,6 +362,7 @@ def run_bench(
         "profile": config.profile if external is None else external.get("profile", "external"),
         "merge_capacity_factors": list(config.merge_factors),
         "labels": config.labels,
+        "corroboration": {"min_traces": config.corroborate, "trace_cap": config.trace_cap},
         "fixed_budget_tokens": FIXED_BUDGET,
         "n_traces": config.n_traces,
         "seed": config.seeds[0],

@@ -77,6 +77,9 @@ class RunSpec:
     # Only Combee sends merge calls, so sequential and naive runs are planned once, at the first factor.
     merge_factor: float | None = 1.0
     shuffle_key: str = "none"  # the reduce's shape (combee.engine.SHUFFLE_KEYS): "none" is the paper's
+    # corroboration (combee.corroborate): distinct traces a lesson needs, and new bullets per trace per window
+    corroborate: int = 1
+    trace_cap: int | None = None
 
     @property
     def key(self) -> str:
@@ -94,6 +97,10 @@ class RunSpec:
                 parts.append(f"k{self.shuffle_key}")
             if self.merge_factor != 1.0:
                 parts.append(f"mf{factor_label(self.merge_factor)}")
+        if self.corroborate > 1:
+            parts.append(f"c{self.corroborate}")
+        if self.trace_cap is not None:
+            parts.append(f"tc{self.trace_cap}")
         parts += [f"s{self.seed}", f"n{self.n_traces}"]
         return "-".join(parts)
 
@@ -148,6 +155,9 @@ class BenchConfig:
     auto_shape: str = DEFAULT_SHUFFLE_KEY
     # How the simulated reflector labels sections (combee.sim.world.Behaviour.labels): consistent | random:N | free
     labels: str = "consistent"
+    # corroboration of every run (combee.corroborate; 1 and None: off, the default)
+    corroborate: int = 1
+    trace_cap: int | None = None
     requests_per_minute: int | None = None  # overrides of the profile's rate limits (None: the profile's)
     tokens_per_minute: int | None = None
     base_url: str | None = None
@@ -251,6 +261,7 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
             runs.append(RunSpec("sequential", 1, seed, big, kind="scale", time_scale=config.scale_time_scale))
             runs.append(RunSpec("combee", big, seed, big, kind="scale", time_scale=config.scale_time_scale))
     runs = [r if r.kind == "sweep" else replace(r, merge_factor=first) for r in runs]
+    runs = [replace(r, corroborate=config.corroborate, trace_cap=config.trace_cap) for r in runs]
     keys = [r.key for r in runs]
     if len(keys) != len(set(keys)):  # pragma: no cover - a planning bug
         raise AssertionError("duplicate runs planned")

@@ -21,6 +21,7 @@ from typing import Any
 
 from combee.bench.spec import RunSpec
 from combee.controller import BatchSizeController
+from combee.corroborate import Corroboration
 from combee.engine import Method, MethodConfig
 from combee.learner import LearnConfig, LearnResult, learn
 from combee.llm import LLM, ChatRequest, ChatResponse, Role
@@ -143,6 +144,7 @@ def method_config(spec: RunSpec) -> MethodConfig:
         max_fan_in=spec.max_fan_in,
         group_factor=spec.group_factor,
         shuffle_key=spec.shuffle_key,
+        corroboration=Corroboration(min_traces=spec.corroborate, trace_cap=spec.trace_cap),
     )
 
 
@@ -235,6 +237,8 @@ async def _train(
         "parse_failures": sum(s.parse_failures for s in meter.roles.values()),
         "skipped_traces": meter.skipped_traces,
         "skipped_groups": meter.skipped_groups,
+        "held": dict(sorted(meter.held.items())),  # what corroboration held back, by reason
+        "pending_at_end": len(result.pending),
         "merge_fallbacks": meter.merge_fallbacks,
         "unknown_proposal_ids": meter.unknown_proposal_ids,
         "simulated": bool(meter.simulated and not meter.real),

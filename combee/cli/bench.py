@@ -154,6 +154,12 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="merge capacity factors to compare, e.g. 1,2,4,unlimited (default 1: a merge overloads like a "
         "curator call); Combee runs once per factor, sequential and naive once",
     )
+    g.add_argument(
+        "--corroborate",
+        type=int,
+        help="distinct traces every run's lessons need before they go live (combee/corroborate.py; default 1: off)",
+    )
+    g.add_argument("--trace-cap", type=int, help="new bullets one trace may source per window (default: no cap)")
     s.add_argument("--time-scale", type=_non_negative, help=f"simulator delay multiplier (default {d.time_scale})")
     s.add_argument("--base-url", help="use a running Combee simulator (its time_scale is read from it)")
     s.add_argument("--world", help=f"simulated world (default {d.world})")
@@ -192,6 +198,8 @@ def build_config(args: argparse.Namespace) -> Any:
         "auto_shape": "auto_shape",
         "auto_grids": "auto_grids",
         "labels": "labels",
+        "corroborate": "corroborate",
+        "trace_cap": "trace_cap",
         "rpm": "requests_per_minute",
         "tpm": "tokens_per_minute",
         "base_url": "base_url",

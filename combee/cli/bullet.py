@@ -1,5 +1,6 @@
 """``combee bullet list|release|remove|pin|unpin|audit``: see and act on a namespace's bullets, live and
-quarantined (docs/security.md, "Quarantine").
+quarantined (docs/security.md, "Quarantine"), and see the lessons waiting for corroboration (``--pending``,
+"Corroboration and caps").
 
 A release, a removal of a live bullet, a pin and an unpin are control records to the namespace's combiner
 (signed with ``COMBEE_CONTROL_KEY``, like ``prompt rollback``), which makes them the next version through the
@@ -31,6 +32,7 @@ from combee.cli.base import (
 )
 
 if TYPE_CHECKING:
+    from combee.corroborate import PendingLesson
     from combee.models import Bullet, Playbook
     from combee.quarantine import AuditEntry, QuarantinedBullet
     from streams.quarantine import QuarantineStore
@@ -49,7 +51,10 @@ def add_bullet_command(sub: Any) -> None:
     ls.add_argument("namespace")
     which = ls.add_mutually_exclusive_group()
     which.add_argument("--quarantined", action="store_true", help="only the bullets the guard held back")
-    which.add_argument("--all", action="store_true", help="live and quarantined")
+    which.add_argument(
+        "--pending", action="store_true", help="only the lessons waiting for corroboration, with who taught them"
+    )
+    which.add_argument("--all", action="store_true", help="live, quarantined and pending")
     ls.add_argument("--json", action="store_true")
     actions = []
     for name, what in (
@@ -118,14 +123,25 @@ def _held_row(e: QuarantinedBullet) -> dict[str, Any]:
             "base_version": e.base_version, "quarantined_at": e.quarantined_at}  # fmt: skip
 
 
+def _pending_row(e: PendingLesson) -> dict[str, Any]:
+    return {"id": e.id, "state": "pending", "op": e.op, "section": e.section, "bullet_id": e.bullet_id,
+            "content": e.content, "teachers": len(e.teachers), "sources": list(e.traces),
+            "producers": list(e.producers), "first_window": e.first_window, "last_window": e.last_window,
+            "windows": e.windows, "held_at": e.held_at, "supported_at": e.supported_at}  # fmt: skip
+
+
 def _list(settings: Any, args: argparse.Namespace) -> int:
     async def work(store: RedisPromptStore, held: QuarantineStore) -> list[dict[str, Any]]:
+        from streams.pending import PendingStore
+
         rows: list[dict[str, Any]] = []
-        if not args.quarantined:
+        if not (args.quarantined or args.pending):
             playbook = await _live(store, args.namespace)
             rows += [_bullet_row(b) for b in (playbook.bullets if playbook is not None else ())]
         if args.quarantined or args.all:
             rows += [_held_row(e) for e in await held.entries(args.namespace)]
+        if args.pending or args.all:
+            rows += [_pending_row(e) for e in await PendingStore(store.redis, store.keys).entries(args.namespace)]
         return rows
 
     rows = _run(settings, work)
@@ -137,10 +153,17 @@ def _list(settings: Any, args: argparse.Namespace) -> int:
             target = r["section"] if r["op"] == "ADD" else r["bullet_id"]
             taught = ", ".join(r["sources"][:3]) or "-"
             print(f"{r['id']}  quarantined  {r['reason']:<16} {r['op']} {target}  (traces: {taught})  {r['content']}")
+        elif r["state"] == "pending":
+            target = r["section"] if r["op"] == "ADD" else r["bullet_id"]
+            taught = ", ".join(r["sources"][:3]) or "-"
+            who = f"producers: {', '.join(r['producers'][:3])}; " if r["producers"] else ""
+            print(f"{r['id']}  pending  {r['teachers']} teacher(s)  {r['op']} {target}  ({who}traces: {taught})  "
+                  f"{r['content']}")  # fmt: skip
         else:
             print(f"{r['id']}  {r['state']:<11}  +{r['helpful']}/-{r['harmful']}  [{r['section']}]  {r['content']}")
     if not rows:
-        print(f"{args.namespace}: no {'quarantined ' if args.quarantined else ''}bullets")
+        kind = "quarantined " if args.quarantined else "pending " if args.pending else ""
+        print(f"{args.namespace}: no {kind}bullets")
     return 0
 
 

@@ -191,7 +191,7 @@ def reflector_ask(
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.reflector_reply_tags if view.shown else prompts.reflector_reply_plain
         user = prompts.reflector_user.format(
-            playbook=escape_markup(view.text(prompts)),
+            playbook=escape_markup(view.text(prompts, data=True)),
             trace=trace_json,
             outcome=outcome,
             sections=_sections_text(choices),
@@ -289,7 +289,7 @@ def curator_ask(
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.curator_reply_all_ops if view.shown else prompts.curator_reply_add_only
         user = prompts.curator_user.format(
-            playbook=escape_markup(view.text(prompts)),
+            playbook=escape_markup(view.text(prompts, data=True)),
             count=len(reflections),
             reflections=lines,
             sections=_sections_text(choices),
@@ -363,7 +363,7 @@ def merger_ask(
     def build(view: PlaybookView) -> tuple[ChatMessage, ...]:
         reply = prompts.merger_reply_all_ops if target_ids(view) else prompts.merger_reply_add_only
         user = prompts.merger_user.format(
-            playbook=escape_markup(view.text(prompts)),
+            playbook=escape_markup(view.text(prompts, data=True)),
             count=len(proposals),
             proposals=lines,
             sections=_sections_text(choices),

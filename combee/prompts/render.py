@@ -2,17 +2,23 @@
 
 Untrusted text (trace contents, and anything derived from it) only ever reaches a model as JSON inside a
 named block (``<trace>``, ``<reflections>``, ``<proposals>``, ``<task>``), with ``<``, ``>`` and ``&`` escaped
-as JSON unicode escapes so the data cannot close its block or open another. Templates are checked once, at
+as JSON unicode escapes so the data cannot close its block or open another. Learned bullets are such text too:
+in the reflector's, curator's and merger's ``<playbook>`` block each bullet's text is a JSON string written the
+same way (:func:`lesson_data`), so it cannot close the block, start a heading or a bullet of its own, or show a
+bullet id (``[b00001]``) that the playbook did not give it. (The agent's own system prompt shows the bullets as
+plain text: :func:`combee.playbook.render_prompt`.) Templates are checked once, at
 start-up (:func:`validate_templates`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from combee.guard import one_line_lesson
 from combee.llm import ChatMessage
 from combee.models import (
     Bullet,
@@ -30,6 +36,7 @@ __all__ = [
     "escape_markup",
     "fit_payload",
     "fit_to_context",
+    "lesson_data",
     "message_contents",
     "outcome_text",
     "playbook_view",
@@ -43,6 +50,17 @@ _ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 def data_json(value: Any) -> str:
     """Compact JSON with ``<``, ``>`` and ``&`` escaped, so data cannot forge or close a prompt block."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=False).translate(_ESCAPES)
+
+
+# "[b00001]" inside a lesson: its bracket written as a JSON escape, so the text shows no id of the playbook's form
+_FORGED_ID_RE = re.compile(r"\[(?=b\d)", re.IGNORECASE)
+
+
+def lesson_data(text: str) -> str:
+    """A bullet's text as data for a learner prompt: a :func:`data_json` string of its one-line form, with the
+    bracket of anything shaped like a bullet id escaped too (``\\u005b``). Decoding the JSON gives the one-line
+    text back."""
+    return _FORGED_ID_RE.sub(r"\\u005b", data_json(one_line_lesson(text)))
 
 
 @dataclass(frozen=True)
@@ -60,16 +78,18 @@ class PlaybookView:
     def partial(self) -> bool:
         return len(self.shown) < len(self.playbook.bullets)
 
-    def text(self, prompts: PromptSet = DEFAULT_PROMPTS) -> str:
+    def text(self, prompts: PromptSet = DEFAULT_PROMPTS, *, data: bool = False) -> str:
         """The rendered playbook (:func:`render_prompt`'s layout), with a note after the bullets when it is a
         subset or empty. A subset is chosen by score, so it is grouped by section throughout: its text has no
-        stable prefix to keep anyway."""
+        stable prefix to keep anyway. ``data``: each bullet's text as :func:`lesson_data` (the learner's
+        prompts, where bullets are untrusted data); otherwise as the agent reads it."""
+        lesson = lesson_data if data else one_line_lesson
         if self.partial:
             shown = self.playbook.model_copy(update={"bullets": self.shown})
             subset = prompts.subset_note.format(shown=len(self.shown), total=len(self.playbook.bullets))
-            return render_prompt(shown, note=subset, grouped=True).rstrip("\n")
+            return render_prompt(shown, note=subset, grouped=True, lesson=lesson).rstrip("\n")
         empty = None if self.playbook.bullets else prompts.empty_note
-        return render_prompt(self.playbook, note=empty).rstrip("\n")
+        return render_prompt(self.playbook, note=empty, lesson=lesson).rstrip("\n")
 
 
 def playbook_view(playbook: Playbook, shown: Sequence[Bullet] | None = None) -> PlaybookView:

@@ -418,8 +418,22 @@ def _playbook_bullets(text: str) -> list[_Bullet]:
     """The bullets of the ``<playbook>`` block, in id order whatever order the text lists them in (the layout
     is the prompt's business, not the simulated model's)."""
     block = _block(text, "playbook") or ""
-    found = [_Bullet(m.group(1), m.group(2), tuple(insight_keys_in(m.group(2)))) for m in _BULLET_RE.finditer(block)]
+    found = []
+    for m in _BULLET_RE.finditer(block):
+        content = _lesson_text(m.group(2))
+        found.append(_Bullet(m.group(1), content, tuple(insight_keys_in(content))))
     return sorted(found, key=lambda b: int(b.id[1:]))
+
+
+def _lesson_text(shown: str) -> str:
+    """A bullet's text as a learner prompt shows it (a JSON string), decoded; any other form as it is."""
+    if shown.startswith('"'):
+        try:
+            value = json.loads(shown)
+        except json.JSONDecodeError:
+            return shown
+        return value if isinstance(value, str) else shown
+    return shown
 
 
 def _stochastic_round(x: float, rng: random.Random) -> int:

@@ -18,11 +18,17 @@ __all__ = ["EchoServer"]
 _ROLE_BY_BLOCK = (("<trace>\n", Role.REFLECTOR), ("<reflections>\n", Role.CURATOR), ("<proposals>\n", Role.MERGER))
 
 
-def _answer(body: dict[str, Any]) -> str:
+def _answer(body: dict[str, Any], cite: bool = False) -> str:
     messages = [SimpleNamespace(role=m["role"], content=m["content"]) for m in body["messages"]]
     user = "\n".join(m.content for m in messages if m.role == "user")
     role = next((r for tag, r in _ROLE_BY_BLOCK if tag in user), Role.GENERATOR)
-    return echo_script(SimpleNamespace(role=role, messages=messages))  # type: ignore[arg-type]
+    text = echo_script(SimpleNamespace(role=role, messages=messages))  # type: ignore[arg-type]
+    if cite and role == Role.CURATOR:  # each ADD names the reflection it echoes, as the prompt asks
+        block = user.split("<reflections>\n", 1)[1].split("\n</reflections>", 1)[0]
+        refs = [json.loads(line)["ref"] for line in block.splitlines() if line.strip()]
+        ops = json.loads(text)["operations"]
+        text = json.dumps({"operations": [{**op, "from": [ref]} for op, ref in zip(ops, refs, strict=False)]})
+    return text
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -45,7 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        text = _answer(body)
+        text = _answer(body, getattr(self.server, "cite", False))
         self._send(200, {
             "id": "echo-1", "object": "chat.completion", "created": 0, "model": body.get("model", "echo"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
@@ -56,8 +62,10 @@ class _Handler(BaseHTTPRequestHandler):
 class EchoServer:
     """Start with :meth:`start`, stop with :meth:`stop`; ``base_url`` ends in ``/v1``."""
 
-    def __init__(self) -> None:
+    def __init__(self, cite: bool = False) -> None:
+        """``cite``: curators name, in "from", the reflection each ADD comes from (echo_script does not)."""
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.cite = cite  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -308,7 +308,7 @@ def test_consecutive_versions_share_the_prompt_up_to_the_old_playbooks_last_bull
 
     old = grow(Playbook(namespace="ns"), 20)  # next_id 21: the settling mark (20) stays until 25
     new = grow(old, 2)
-    last_line = f"- [{old.bullets[-1].id}] {old.bullets[-1].content}\n"
+    last_line = f"- [{old.bullets[-1].id}] {json.dumps(old.bullets[-1].content)}\n"  # learner prompts: JSON text
     trace = Trace(trace_id="t", namespace="ns", task="q", output="a")
     refl = [Reflection(trace_id="t", base_version=0)]
     props = [Proposal("p1", AddOp(section="s", content="x"))]

@@ -1,0 +1,335 @@
+"""Corroboration and caps: one trace, or one producer, must not be able to teach the whole fleet. Pure.
+
+A trace is untrusted input (docs/security.md): :mod:`combee.guard` screens what a lesson says; this module
+decides whether enough independent runs said it. Applied by :func:`combee.engine.finish_ops` last, to the
+operations that would otherwise be applied (after near duplicates are folded, so an ADD folded into an
+UPDATE of an established bullet is judged as that UPDATE). The rules (:class:`Corroboration`; the defaults
+change nothing):
+
+* **Teachers.** An operation's teachers are its source traces, each counted as its producer
+  (``metadata.producer``) when the trace names one, else as itself: ten traces of one producer are one
+  teacher. An operation citing no trace counts as one teacher.
+* **Caps** (``trace_cap``, ``producer_cap``): in one window, a trace (a producer) may be a source of at most
+  that many new bullets (ADDs). A source over its cap is taken off the ADD; an ADD left with no source is
+  refused (reason ``trace_cap`` / ``producer_cap``, counted).
+* **Corroboration** (``min_traces`` = k): a new bullet goes live only when at least k distinct teachers taught
+  it. Until then it is *pending* (:class:`PendingLesson`: its text, its traces and producers); a later ADD
+  that is a near duplicate of it (the de-duplication rule, :meth:`combee.dedup.Similarity.best_match`) adds
+  its teachers. Once it has k it goes live as an ADD in that window's delta, citing every trace that taught
+  it. The same holds for an UPDATE or a REMOVE of an *established* bullet (``helpful`` ≥
+  ``established_helpful``, or pinned): pending until k teachers asked for it (UPDATEs of one bullet corroborate
+  one another when their texts are near duplicates; REMOVEs of one bullet always do). An UPDATE or REMOVE of a
+  bullet not yet established passes as before. Harmful tags on an established bullet count only when at least
+  k reflections of the window tagged it harmful (:func:`corroborate_tags`; tags carry no producer).
+* **Pending pool.** Pending lessons stay across windows until they are corroborated, their bullet goes away
+  (an UPDATE or REMOVE of a bullet no longer there is dropped), or the pool is over ``max_pending``: the
+  least recently supported go first (counted ``expired``). The pool is state beside the playbook (the stream
+  keeps it in Redis, :mod:`streams.pending`; the offline learner carries it from window to window).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from combee.dedup import Similarity
+from combee.embeddings import NearDuplicates
+from combee.models import GENERAL_SECTION, LIMITS, AddOp, BulletId, DeltaOp, Playbook, RemoveOp, Section, UpdateOp
+
+__all__ = [
+    "HELD_REASONS",
+    "Corroborated",
+    "Corroboration",
+    "PendingLesson",
+    "corroborate",
+    "corroborate_tags",
+    "corroborate_with",
+    "established",
+    "teachers",
+]
+
+HELD_REASONS = ("pending", "trace_cap", "producer_cap", "expired", "harmful_tag")
+"""Why an operation did not go live in its window (a bounded set: it labels a metric)."""
+
+_MAX_TRACES = 64  # trace ids kept per pending lesson (its teachers are counted from them)
+
+
+@dataclass(frozen=True)
+class Corroboration:
+    """A namespace's corroboration rules (module docstring). The defaults hold nothing back."""
+
+    min_traces: int = 1
+    trace_cap: int | None = None
+    producer_cap: int | None = None
+    established_helpful: int = 1
+    max_pending: int = 256
+
+    def __post_init__(self) -> None:
+        if self.min_traces < 1 or self.established_helpful < 1 or self.max_pending < 0:
+            raise ValueError("min_traces and established_helpful must be >= 1, max_pending >= 0")
+        if any(c is not None and c < 1 for c in (self.trace_cap, self.producer_cap)):
+            raise ValueError("a cap must be >= 1 (or None: no cap)")
+
+    @property
+    def active(self) -> bool:
+        return self.min_traces > 1 or self.trace_cap is not None or self.producer_cap is not None
+
+
+class PendingLesson(BaseModel):
+    """An operation waiting for corroboration: what it would do, and who taught it so far."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: Annotated[str, StringConstraints(pattern=r"^p[0-9a-f]{12}$")]
+    namespace: str
+    op: Literal["ADD", "UPDATE", "REMOVE"]
+    section: Section = GENERAL_SECTION
+    bullet_id: BulletId | None = None
+    content: Annotated[str, StringConstraints(max_length=LIMITS.bullet_chars)] = ""
+    traces: tuple[str, ...] = Field(default=(), max_length=_MAX_TRACES)
+    producers: tuple[str, ...] = Field(default=(), max_length=_MAX_TRACES)
+    # distinct teachers so far: "p:<producer>" or "t:<trace id>" (what ``min_traces`` counts)
+    teachers: tuple[str, ...] = Field(default=(), max_length=_MAX_TRACES)
+    first_window: Annotated[str, StringConstraints(max_length=256)]
+    last_window: Annotated[str, StringConstraints(max_length=256)]
+    windows: int = Field(default=1, ge=1)
+    held_at: float
+    supported_at: float
+
+    def as_op(self) -> DeltaOp:
+        if self.op == "UPDATE" and self.bullet_id is not None:
+            return UpdateOp(bullet_id=self.bullet_id, content=self.content, sources=self.traces)
+        if self.op == "REMOVE" and self.bullet_id is not None:
+            return RemoveOp(bullet_id=self.bullet_id)
+        return AddOp(section=self.section, content=self.content, sources=self.traces)
+
+
+@dataclass(frozen=True)
+class Corroborated:
+    """A window's operations after corroboration: the ones that go live, the pool after the window (every
+    entry, in pool order), the pool ids that went live or were dropped, and the counts of what was held."""
+
+    ops: tuple[DeltaOp, ...]
+    pending: tuple[PendingLesson, ...] = ()
+    resolved: tuple[str, ...] = ()
+    held: Mapping[str, int] = field(default_factory=dict)
+    changed: tuple[str, ...] = ()  # the pool ids whose entry this window wrote
+
+
+def established(playbook: Playbook, bullet_id: str, policy: Corroboration) -> bool:
+    """Whether bullet ``bullet_id`` is established: pinned, or found helpful at least ``established_helpful``
+    times (a bullet nobody found helpful yet is as new as an ADD, and may be changed as before)."""
+    b = playbook.bullet(bullet_id)
+    return b is not None and (b.pinned or b.helpful >= policy.established_helpful)
+
+
+def _sources(op: DeltaOp) -> tuple[str, ...]:
+    return tuple(getattr(op, "sources", ()) or ())
+
+
+def teachers(traces: Sequence[str], producers: Mapping[str, str]) -> set[str]:
+    """The distinct teachers of ``traces``: a trace's producer when known, else the trace itself."""
+    return {f"p:{producers[t]}" if t in producers else f"t:{t}" for t in traces}
+
+
+def _cap(
+    ops: Sequence[DeltaOp], producers: Mapping[str, str], policy: Corroboration, held: Counter[str]
+) -> list[DeltaOp]:
+    """The ADDs of ``ops`` with the sources over their trace or producer cap taken off (an ADD left with no
+    source refused and counted); other operations as they are."""
+    if policy.trace_cap is None and policy.producer_cap is None:
+        return list(ops)
+    per_trace: Counter[str] = Counter()
+    per_producer: Counter[str] = Counter()
+    out: list[DeltaOp] = []
+    for op in ops:
+        if not isinstance(op, AddOp) or not op.sources:
+            out.append(op)
+            continue
+        kept, refusal = [], "trace_cap"
+        for t in op.sources:
+            if policy.trace_cap is not None and per_trace[t] >= policy.trace_cap:
+                continue
+            p = producers.get(t)
+            if p is not None and policy.producer_cap is not None and per_producer[p] >= policy.producer_cap:
+                refusal = "producer_cap"
+                continue
+            kept.append(t)
+        if not kept:
+            held[refusal] += 1
+            continue
+        per_trace.update(kept)
+        per_producer.update({producers[t] for t in kept if t in producers})
+        out.append(op if len(kept) == len(op.sources) else op.model_copy(update={"sources": tuple(kept)}))
+    return out
+
+
+def _pending_id(namespace: str, window_id: str, op: DeltaOp) -> str:
+    target = op.section if isinstance(op, AddOp) else getattr(op, "bullet_id", "")
+    digest = hashlib.sha256("\x1f".join((namespace, window_id, op.op, target, getattr(op, "content", ""))).encode())
+    return "p" + digest.hexdigest()[:12]
+
+
+def _match(op: DeltaOp, pool: Mapping[str, PendingLesson], similarity: Similarity) -> str | None:
+    """The pool entry ``op`` corroborates: a near-duplicate ADD, an UPDATE of the same bullet with a near
+    duplicate text, a REMOVE of the same bullet."""
+    if isinstance(op, RemoveOp):
+        return next((k for k, e in pool.items() if e.op == "REMOVE" and e.bullet_id == op.bullet_id), None)
+    if isinstance(op, UpdateOp):
+        same = [(k, e.content) for k, e in pool.items() if e.op == "UPDATE" and e.bullet_id == op.bullet_id]
+        return similarity.best_match(op.content, same)
+    if isinstance(op, AddOp):
+        return similarity.best_match(op.content, [(k, e.content) for k, e in pool.items() if e.op == "ADD"])
+    return None
+
+
+def _support(
+    entry: PendingLesson | None, op: DeltaOp, producers: Mapping[str, str], window_id: str, at: float, ns: str
+) -> PendingLesson:
+    """``entry`` (or a new entry for ``op``) with ``op``'s teachers added."""
+    srcs = _sources(op) or (f"window:{window_id}",)
+    new_teachers = sorted(teachers(srcs, producers))
+    new_producers = [producers[t] for t in srcs if t in producers]
+    if entry is None:
+        return PendingLesson(
+            id=_pending_id(ns, window_id, op),
+            namespace=ns,
+            op=op.op,
+            section=op.section if isinstance(op, AddOp) else GENERAL_SECTION,
+            bullet_id=getattr(op, "bullet_id", None),
+            content=getattr(op, "content", "")[: LIMITS.bullet_chars],
+            traces=tuple(dict.fromkeys(srcs))[-_MAX_TRACES:],
+            producers=tuple(dict.fromkeys(new_producers))[-_MAX_TRACES:],
+            teachers=tuple(new_teachers)[-_MAX_TRACES:],
+            first_window=window_id,
+            last_window=window_id,
+            held_at=at,
+            supported_at=at,
+        )
+    update: dict[str, object] = {
+        "traces": tuple(dict.fromkeys((*entry.traces, *srcs)))[-_MAX_TRACES:],
+        "producers": tuple(dict.fromkeys((*entry.producers, *new_producers)))[-_MAX_TRACES:],
+        "teachers": tuple(dict.fromkeys((*entry.teachers, *new_teachers)))[-_MAX_TRACES:],
+        "supported_at": at,
+    }
+    if window_id != entry.last_window:
+        update |= {"last_window": window_id, "windows": entry.windows + 1}
+    if isinstance(op, AddOp | UpdateOp):  # the newest wording
+        update["content"] = op.content[: LIMITS.bullet_chars]
+    return entry.model_copy(update=update)
+
+
+def _live(entry: PendingLesson, op: DeltaOp) -> DeltaOp:
+    """``op`` as it goes live once ``entry`` is corroborated: citing every trace that taught it."""
+    if isinstance(op, AddOp | UpdateOp):
+        return op.model_copy(update={"sources": tuple(t for t in entry.traces if not t.startswith("window:"))})
+    return op
+
+
+def _needs_corroboration(op: DeltaOp, playbook: Playbook, policy: Corroboration) -> bool:
+    if isinstance(op, AddOp):
+        return True
+    bullet_id = getattr(op, "bullet_id", None)
+    return bullet_id is not None and established(playbook, bullet_id, policy)
+
+
+def _stale(entry: PendingLesson, playbook: Playbook) -> bool:
+    """An UPDATE or REMOVE whose bullet is gone: nothing left to corroborate."""
+    return entry.bullet_id is not None and entry.op != "ADD" and playbook.bullet(entry.bullet_id) is None
+
+
+def corroborate(
+    ops: Sequence[DeltaOp],
+    pending: Sequence[PendingLesson],
+    playbook: Playbook,
+    policy: Corroboration,
+    *,
+    window_id: str,
+    at: float,
+    producers: Mapping[str, str] | None = None,
+    similarity: Similarity | None = None,
+) -> Corroborated:
+    """``ops`` (a window's finished operations against ``playbook``) judged by ``policy`` against the pool
+    ``pending`` (module docstring). ``producers`` maps a trace id to its producer (traces not in it are their
+    own teacher); ``similarity`` is the near-duplicate rule over the texts of ``ops`` and ``pending`` (None:
+    equal texts only). Deterministic; the order of ``ops`` is kept for the ones that go live, and a pending
+    lesson that goes live takes the place of the operation that corroborated it."""
+    if not policy.active and not pending:
+        return Corroborated(tuple(ops))
+    producers = producers or {}
+    similarity = similarity or Similarity()
+    held: Counter[str] = Counter()
+    pool = {e.id: e for e in pending if not _stale(e, playbook)}
+    resolved = [e.id for e in pending if e.id not in pool]
+    changed: list[str] = []
+    live: list[DeltaOp] = []
+    for op in _cap(ops, producers, policy, held):
+        if not _needs_corroboration(op, playbook, policy):
+            live.append(op)
+            continue
+        key = _match(op, pool, similarity)
+        entry = _support(pool.get(key) if key else None, op, producers, window_id, at, playbook.namespace)
+        if len(entry.teachers) >= policy.min_traces:
+            live.append(_live(entry, op))
+            if key is not None:
+                del pool[key]
+                resolved.append(key)
+            continue
+        held["pending"] += 1
+        if key is not None:
+            del pool[key]  # re-inserted last: the pool's order is by last support
+        pool[entry.id] = entry
+        changed.append(entry.id)
+    if len(pool) > policy.max_pending:
+        for key in list(pool)[: len(pool) - policy.max_pending]:
+            del pool[key]
+            resolved.append(key)
+            held["expired"] += 1
+    kept = tuple(pool.values())
+    return Corroborated(tuple(live), kept, tuple(resolved), dict(held), tuple(c for c in changed if c in pool))
+
+
+def corroborate_tags(
+    tag_counts: Mapping[str, tuple[int, int]], playbook: Playbook, policy: Corroboration
+) -> tuple[dict[str, tuple[int, int]], int]:
+    """``tag_counts`` (``{bullet_id: (helpful, harmful)}`` of one window) with the harmful tags of an established
+    bullet dropped when fewer than ``min_traces`` reflections gave them; and how many tags were dropped. (Every
+    reflection is one trace's; tags carry no producer, so they are counted per trace.)"""
+    if policy.min_traces <= 1:
+        return dict(tag_counts), 0
+    out: dict[str, tuple[int, int]] = {}
+    dropped = 0
+    for bullet_id, (helpful, harmful) in tag_counts.items():
+        if 0 < harmful < policy.min_traces and established(playbook, bullet_id, policy):
+            dropped += harmful
+            harmful = 0
+        out[bullet_id] = (helpful, harmful)
+    return out, dropped
+
+
+async def corroborate_with(
+    ops: Sequence[DeltaOp],
+    pending: Sequence[PendingLesson],
+    playbook: Playbook,
+    policy: Corroboration,
+    dedup: NearDuplicates | None,
+    *,
+    producers: Mapping[str, str],
+    window_id: str,
+    at: float,
+) -> Corroborated:
+    """:func:`combee.corroborate.corroborate` with the near-duplicate rule's vectors for the texts it compares
+    (none needed, and none asked for, while the pool is empty)."""
+    similarity = None
+    if dedup is not None and pending:
+        texts = [e.content for e in pending if e.content]
+        texts += [op.content for op in ops if isinstance(op, AddOp | UpdateOp)]
+        similarity = await dedup.similarity(texts)
+    return corroborate(
+        ops, pending, playbook, policy, window_id=window_id, at=at, producers=producers, similarity=similarity
+    )
