@@ -35,7 +35,6 @@ class FakeRedis:
         row = self.hashes.get(key, {})
         return [row.get(n) for n in names]
 
-
     def pipeline(self, transaction: bool = True) -> FakePipeline:
         return FakePipeline(self)
 
