@@ -82,6 +82,10 @@ class Metrics(Protocol):
     def bullet_quarantined(self, namespace: str, reason: str) -> None:
         """A lesson the guard held back (``reason``: one of :data:`combee.guard.REASONS`), not published."""
 
+    def promotion_decision(self, namespace: str, action: str, by: str) -> None:
+        """A promotion decision was applied (``action``: promote, reject, rollback; ``by``: operator, canary,
+        outcomes), combee/promotion.py."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -138,6 +142,9 @@ class NoMetrics:
         pass
 
     def bullet_quarantined(self, namespace: str, reason: str) -> None:
+        pass
+
+    def promotion_decision(self, namespace: str, action: str, by: str) -> None:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "ACTIONS",
     "Action",
     "Decision",
+    "PromotionConfig",
     "Rule",
     "candidate_counts",
     "decide_canary",
@@ -54,6 +55,18 @@ class Rule:
     margin: float = 0.05
     min_decided: int = 200
     alpha: float = 0.05
+
+
+@dataclass(frozen=True)
+class PromotionConfig:
+    """A worker's promotion settings: the policy of a namespace that has none in Redis, the canary fraction it
+    starts with, the test, whether live versions are rolled back on outcomes, and how often outcomes are read."""
+
+    default_policy: Policy = "direct"
+    canary_fraction: float = 0.1
+    rule: Rule = field(default_factory=Rule)
+    rollback_on_outcomes: bool = True
+    check_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -163,7 +176,8 @@ def plan_operator(
 
     Only a pending candidate (above the live version and above ``rejected_through``, at most the head) can be
     promoted or rejected, and only under a policy other than ``direct``. Promoting serves it (and the candidates
-    below it); rejecting rejects every pending candidate (the head returns to the live playbook). The evidence
+    below it); rejecting rejects every pending candidate, whichever was named (the head returns to the live
+    playbook). The evidence
     is the outcomes of both sides at the time of the decision."""
     if action not in ("promote", "reject"):
         return f"an operator cannot {action} through this request"
@@ -184,6 +198,5 @@ def plan_operator(
     who = f"operator:{actor or 'unknown'}"
     if action == "promote":
         return Decision("promote", version, who, serving.policy, "promoted by an operator", version, evidence, at)
-    first = low + 1
-    return Decision("reject", first, who, serving.policy, f"v{version} rejected by an operator", serving.live,
+    return Decision("reject", version, who, serving.policy, f"v{version} rejected by an operator", serving.live,
                     evidence, at)  # fmt: skip

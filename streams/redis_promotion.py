@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Final, Literal, cast
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Literal, Protocol, cast
 
 import redis.asyncio
 import redis.exceptions
@@ -39,6 +40,7 @@ __all__ = [
     "SERVING_FIELDS",
     "DecideResult",
     "RedisPromotion",
+    "WithDefaultPolicy",
     "parse_decisions",
     "parse_serving",
 ]
@@ -202,6 +204,46 @@ class RedisPromotion:
             "" if above_rejected is None else str(above_rejected),
         )
         return cast(DecideResult, reply_text(await self._script(DECIDE_SCRIPT, keys, args)))
+
+
+class _Publishes(Protocol):
+    async def publish(
+        self,
+        namespace: str,
+        version: int,
+        prompt: str,
+        playbook_json: str,
+        *,
+        window_id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> bool: ...
+
+
+class WithDefaultPolicy:
+    """A store whose publish first gives the namespace ``policy`` when it has none (:data:`ENSURE_SCRIPT`), so a
+    worker whose default policy is not ``direct`` never publishes a first candidate that agents would be served.
+    A failure of either step raises, and the publisher retries both."""
+
+    def __init__(
+        self, store: _Publishes, promotion: RedisPromotion, policy: Policy, fraction: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
+        self._store, self._promotion, self._policy, self._fraction, self._clock = (
+            store, promotion, policy, fraction, clock,
+        )  # fmt: skip
+
+    async def publish(
+        self,
+        namespace: str,
+        version: int,
+        prompt: str,
+        playbook_json: str,
+        *,
+        window_id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> bool:
+        await self._promotion.ensure(namespace, self._policy, self._fraction, at=self._clock())
+        return await self._store.publish(namespace, version, prompt, playbook_json, window_id=window_id, meta=meta)
 
 
 def _dump(record: Mapping[str, Any]) -> str:

@@ -147,7 +147,7 @@ def test_an_operator_promotes_or_rejects_only_a_pending_candidate() -> None:
     assert (promoted.action, promoted.serve, promoted.decided_by) == ("promote", 7, "operator:ana")
     rejected = plan_operator("reject", 7, state, 7, {}, actor="ana", at=3.0)
     assert not isinstance(rejected, str)
-    assert (rejected.action, rejected.version, rejected.serve) == ("reject", 6, 4)  # every pending candidate
+    assert (rejected.action, rejected.version, rejected.serve) == ("reject", 7, 4)
     for version in (4, 5, 8):
         assert isinstance(plan_operator("promote", version, state, 7, {}, actor="ana", at=3.0), str)
     assert isinstance(plan_operator("promote", 7, Serving(), 7, {}, actor="ana", at=3.0), str)
