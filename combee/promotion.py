@@ -89,6 +89,8 @@ class Decision:
     def id(self) -> str:
         """The decision's identity: the same decision taken twice (a redelivered request, a restarted worker)
         has the same id, and is recorded and acted on once. A rollback names its target too."""
+        if self.action == "policy":  # every change of policy is a record of its own
+            return f"policy/{self.at:.6f}"
         target = f"-to-v{self.serve}" if self.action == "rollback" else ""
         return f"{self.action}/v{self.version}{target}"
 

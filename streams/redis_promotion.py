@@ -155,6 +155,11 @@ class RedisPromotion:
         values = await cast(Awaitable[Sequence[Any]], self._redis.hmget(self.keys.serving(namespace), SERVING_FIELDS))
         return parse_serving(values)
 
+    async def head(self, namespace: str) -> int | None:
+        """The newest published version (None: none)."""
+        raw = reply_text(await cast(Awaitable[Any], self._redis.hget(self.keys.current(namespace), "version")))
+        return _int_or_none(raw)
+
     async def decisions(self, namespace: str) -> list[dict[str, Any]]:
         raw = await cast(Awaitable[Mapping[Any, Any]], self._redis.hgetall(self.keys.decisions(namespace)))
         return parse_decisions(raw or {})

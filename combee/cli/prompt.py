@@ -26,6 +26,8 @@ from combee.cli.base import (
     stream_settings,
     with_start_hint,
 )
+from combee.cli.promote import COMMANDS as PROMOTION_COMMANDS
+from combee.cli.promote import add_promotion_commands, cmd_promotion
 
 if TYPE_CHECKING:
     from streams.client import PromptClient
@@ -89,7 +91,8 @@ def add_prompt_command(sub: Any) -> None:
         "written to Redis outside Combee)",
     )
     fix.add_argument("namespace")
-    for q in (g, s, w, h, d, r, fix):
+    promotion = add_promotion_commands(psub)
+    for q in (g, s, w, h, d, r, fix, *promotion):
         add_connection_options(q)
     p.set_defaults(func=service_errors(cmd_prompt))
 
@@ -135,6 +138,8 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     settings = stream_settings(args)
     if args.prompt_command == "repair":
         return _repair(settings, args.namespace)
+    if args.prompt_command in PROMOTION_COMMANDS:
+        return cmd_promotion(settings, args)
     with prompt_client(settings, args.namespace) as client:
         try:
             if args.prompt_command == "rollback":
@@ -158,6 +163,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
                 _diff(client, args)
             elif args.prompt_command == "history":
                 _history(client, args.limit)
+                _decisions(settings, client.namespace)
             else:  # watch
                 for count, v in enumerate(client.watch(timeout=args.timeout), start=1):
                     print(f"--- version {v.version} (window {v.window_id}) ---", flush=True)
@@ -190,6 +196,19 @@ def _history(client: PromptClient, limit: int) -> None:
         print(f"v{key:<6} (not listed) outcomes: {describe(outcomes[key])}")
     if UNKNOWN_VERSION in outcomes:
         print(f"unknown version (above the live one when counted): {describe(outcomes[UNKNOWN_VERSION])}")
+
+
+def _decisions(settings: Any, namespace: str) -> None:
+    """The promotion policy, what is live, and every decision recorded (docs/promotion.md)."""
+    from combee.cli.promote import _head, _run, describe_decision, serving_summary
+
+    async def read(p: Any) -> tuple[Any, int | None, list[dict[str, Any]]]:
+        return await p.serving(namespace), await _head(p, namespace), await p.decisions(namespace)
+
+    serving, head, decisions = _run(settings, read)
+    print(serving_summary(serving, head))
+    for d in decisions:
+        print(f"  {describe_decision(d)}")
 
 
 def _not_retained(client: PromptClient, version: int) -> str:
