@@ -27,7 +27,6 @@ import random
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import redis
@@ -39,7 +38,7 @@ from combee.models import validate_namespace
 from combee.outcomes import OutcomeCounts
 from combee.promptdiff import VersionRecord
 from combee.serving import Serving, in_canary_arm, served_version
-from streams.client_cache import Backoff, Cache, is_news
+from streams.client_cache import Backoff, Cache, PromptVersion, is_news
 from streams.keys import RedisKeys
 from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
 from streams.redis_outcomes import parse_outcomes
@@ -72,17 +71,6 @@ class PromptUnavailable(CombeeError):
     def __init__(self, message: str, *, unreadable: bool = True) -> None:
         super().__init__(message)
         self.unreadable = unreadable
-
-
-@dataclass(frozen=True)
-class PromptVersion:
-    """One published prompt of a namespace. ``published_at`` is the publisher's wall clock (Unix seconds)."""
-
-    version: int
-    prompt: str
-    namespace: str
-    window_id: str | None = None
-    published_at: float | None = None
 
 
 def _prompt_version(namespace: str, values: Sequence[Any]) -> PromptVersion | None:

@@ -1,16 +1,24 @@
 """The agent-side reader's bookkeeping: the local copy, when to ask Redis again, what a watch yields. Pure (the
-clock is passed in); used by :mod:`streams.client`."""
+clock is passed in); used by :mod:`streams.client`, which exports :class:`PromptVersion`."""
 
 from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from streams.client import PromptVersion
+__all__ = ["Backoff", "Cache", "PromptVersion", "is_news"]
 
-__all__ = ["Backoff", "Cache", "is_news"]
+
+@dataclass(frozen=True)
+class PromptVersion:
+    """One published prompt of a namespace. ``published_at`` is the publisher's wall clock (Unix seconds)."""
+
+    version: int
+    prompt: str
+    namespace: str
+    window_id: str | None = None
+    published_at: float | None = None
 
 
 class Backoff:
