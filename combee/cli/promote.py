@@ -17,7 +17,14 @@ from combee.cli.base import CliError, positive_int
 if TYPE_CHECKING:
     from streams.redis_promotion import RedisPromotion
 
-__all__ = ["add_promotion_commands", "cmd_promotion", "describe_decision", "serving_summary"]
+__all__ = [
+    "add_promotion_commands",
+    "cmd_promotion",
+    "describe_decision",
+    "read_head",
+    "serving_summary",
+    "with_promotion",
+]
 
 T = TypeVar("T")
 COMMANDS = ("policy", "promote", "reject")
@@ -47,7 +54,8 @@ def add_promotion_commands(psub: Any) -> list[Any]:
     return parsers
 
 
-def _run(settings: Any, work: Callable[[RedisPromotion], Awaitable[T]]) -> T:
+def with_promotion(settings: Any, work: Callable[[RedisPromotion], Awaitable[T]]) -> T:
+    """Run ``work`` against the settings' Redis, closing the connection afterwards."""
     from streams.redis_promotion import RedisPromotion
     from streams.redis_store import RedisPromptStore
 
@@ -110,10 +118,10 @@ def _policy(settings: Any, args: argparse.Namespace) -> int:
     if args.policy is None:
 
         async def show(p: RedisPromotion) -> str:
-            head = await _head(p, ns)
+            head = await read_head(p, ns)
             return serving_summary(await p.serving(ns), head)
 
-        print(f"{ns}: {_run(settings, show)}")
+        print(f"{ns}: {with_promotion(settings, show)}")
         return 0
     if args.policy == "gate":
         raise CliError("the gate policy (a validation set decides) is not implemented yet; use manual or canary")
@@ -129,13 +137,14 @@ def _policy(settings: Any, args: argparse.Namespace) -> int:
         decision = Decision("policy", 0, actor, args.policy, f"{reason}; was {before.policy}", at=now)
         return await p.set_policy(ns, args.policy, fraction, decision.as_json(), set_by=actor, at=now)
 
-    live = _run(settings, set_it)
+    live = with_promotion(settings, set_it)
     served = "the head" if args.policy == "direct" else (f"v{live}" if live is not None else "nothing yet")
     print(f"{ns}: policy {args.policy}; agents are served {served}")
     return 0
 
 
-async def _head(p: RedisPromotion, namespace: str) -> int | None:
+async def read_head(p: RedisPromotion, namespace: str) -> int | None:
+    """The namespace's newest published version (None: none)."""
     from streams.redis_records import reply_text
 
     raw = reply_text(await p._redis.hget(p.keys.current(namespace), "version"))
@@ -153,7 +162,7 @@ def _decide(settings: Any, args: argparse.Namespace) -> int:
     wanted = f"{args.prompt_command}/v{version}"
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        found = _run(settings, lambda p: p.decision(ns, wanted))
+        found = with_promotion(settings, lambda p: p.decision(ns, wanted))
         if found is not None:
             print(f"{ns}: {describe_decision(found)}")
             return 0

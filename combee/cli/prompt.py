@@ -200,12 +200,12 @@ def _history(client: PromptClient, limit: int) -> None:
 
 def _decisions(settings: Any, namespace: str) -> None:
     """The promotion policy, what is live, and every decision recorded (docs/promotion.md)."""
-    from combee.cli.promote import _head, _run, describe_decision, serving_summary
+    from combee.cli.promote import describe_decision, read_head, serving_summary, with_promotion
 
     async def read(p: Any) -> tuple[Any, int | None, list[dict[str, Any]]]:
-        return await p.serving(namespace), await _head(p, namespace), await p.decisions(namespace)
+        return await p.serving(namespace), await read_head(p, namespace), await p.decisions(namespace)
 
-    serving, head, decisions = _run(settings, read)
+    serving, head, decisions = with_promotion(settings, read)
     print(serving_summary(serving, head))
     for d in decisions:
         print(f"  {describe_decision(d)}")

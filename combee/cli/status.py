@@ -87,11 +87,11 @@ def format_status(status: dict[str, Any], now: float) -> str:
         )
         lines.append(f"  controller: {ctl.get('why', 'no report from a worker (is one running?)')}")
         lines.extend(_outcome_lines(row.get("outcomes") or {}))
-        lines.extend(_promotion_lines(row.get("promotion") or {}, version))
+        lines.extend(promotion_lines(row.get("promotion") or {}, version))
     return "\n".join(lines) + "\n"
 
 
-def _promotion_lines(promotion: dict[str, Any], head: int | None) -> list[str]:
+def promotion_lines(promotion: dict[str, Any], head: int | None) -> list[str]:
     """The policy, what is live and pending, and the newest decision (``combee prompt history``: all of them)."""
     from combee.cli.promote import describe_decision, serving_summary
     from combee.serving import Serving
