@@ -121,6 +121,9 @@ class _ClientBase:
         self._cache = Cache(max_age_s, self._backoff)
         self._current_key = keys.current(namespace)
         self._serving_key = keys.serving(namespace)
+        # the last serving state read was direct: an announcement of a version not above the last one yielded
+        # changes nothing then (under another policy it may announce a decision), so the watch skips its read
+        self._direct = True
         self._channel = keys.updates(namespace)
         self.agent_id = agent_id
         self._secrets: tuple[str, ...] = ()
@@ -246,6 +249,7 @@ class PromptClient(_ClientBase):
         pipe.hmget(self._current_key, _FIELDS)
         raw_state, raw_head = pipe.execute()
         state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
+        self._direct = state.policy == "direct"
         is_head, other = self._pick(state, head, announced)
         if is_head:
             return state.serial, head
@@ -353,7 +357,7 @@ class PromptClient(_ClientBase):
                             # The channel works: poll only after it has been quiet for a whole interval, so a
                             # burst is yielded version by version instead of jumping to the newest.
                             next_poll = self._clock() + self.poll_interval_s
-                        if announced is not None:
+                        if announced is not None and (announced > last or not self._direct):
                             serial, found = self._read_served(announced)
                     failures = 0
                 except _READ_ERRORS as exc:
@@ -462,6 +466,7 @@ class AsyncPromptClient(_ClientBase):
             pipe.hmget(self._current_key, _FIELDS)
             raw_state, raw_head = await pipe.execute()
         state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
+        self._direct = state.policy == "direct"
         is_head, other = self._pick(state, head, announced)
         if is_head:
             return state.serial, head
@@ -531,7 +536,7 @@ class AsyncPromptClient(_ClientBase):
                         announced = _announced_version(message)
                         if announced is not None:
                             next_poll = self._clock() + self.poll_interval_s
-                        if announced is not None:
+                        if announced is not None and (announced > last or not self._direct):
                             serial, found = await self._read_served(announced)
                     failures = 0
                 except _READ_ERRORS as exc:
