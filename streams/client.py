@@ -242,17 +242,21 @@ class PromptClient(_ClientBase):
         return _prompt_version(self.namespace, values)
 
     def _read_served(self, announced: int | None = None) -> tuple[int, PromptVersion | None]:
-        """What this agent is served and the serving state's serial: one round trip (the state and the head),
-        and one more when it is served a version other than the head."""
+        """What this agent is served and the serving state's serial: one round trip (the state, the head and the
+        ``announced`` version), and one more when it is served a version other than those."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.hmget(self._serving_key, SERVING_FIELDS)
         pipe.hmget(self._current_key, _FIELDS)
-        raw_state, raw_head = pipe.execute()
+        if announced is not None:  # under direct, what a watch yields: read in the same round trip
+            pipe.hmget(self.keys.version(self.namespace, announced), _FIELDS)
+        raw_state, raw_head, *raw_announced = pipe.execute()
         state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
         self._direct = state.policy == "direct"
         is_head, other = self._pick(state, head, announced)
         if is_head:
             return state.serial, head
+        if other is not None and other == announced and raw_announced:
+            return state.serial, _prompt_version(self.namespace, raw_announced[0]) or head
         found = self._read(self.keys.version(self.namespace, other)) if other is not None else None
         return state.serial, found or (head if announced is not None else None)
 
@@ -464,12 +468,16 @@ class AsyncPromptClient(_ClientBase):
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hmget(self._serving_key, SERVING_FIELDS)
             pipe.hmget(self._current_key, _FIELDS)
-            raw_state, raw_head = await pipe.execute()
+            if announced is not None:
+                pipe.hmget(self.keys.version(self.namespace, announced), _FIELDS)
+            raw_state, raw_head, *raw_announced = await pipe.execute()
         state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
         self._direct = state.policy == "direct"
         is_head, other = self._pick(state, head, announced)
         if is_head:
             return state.serial, head
+        if other is not None and other == announced and raw_announced:
+            return state.serial, _prompt_version(self.namespace, raw_announced[0]) or head
         found = await self._read(self.keys.version(self.namespace, other)) if other is not None else None
         return state.serial, found or (head if announced is not None else None)
 
