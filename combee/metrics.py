@@ -86,6 +86,10 @@ class Metrics(Protocol):
         """``n`` operations or tags corroboration held back in a window (``reason``: one of
         :data:`combee.corroborate.HELD_REASONS`)."""
 
+    def promotion_decision(self, namespace: str, action: str, by: str) -> None:
+        """A promotion decision was applied (``action``: promote, reject, rollback; ``by``: operator, canary,
+        outcomes), combee/promotion.py."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -145,6 +149,9 @@ class NoMetrics:
         pass
 
     def lessons_held(self, namespace: str, reason: str, n: int = 1) -> None:
+        pass
+
+    def promotion_decision(self, namespace: str, action: str, by: str) -> None:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:

@@ -146,6 +146,13 @@ class PrometheusMetrics:
             ["namespace", "reason"],
             registry=r,
         )
+        self._decisions = Counter(
+            "combee_promotion_decisions",
+            "Promotion decisions applied: action promote, reject or rollback; by operator, canary or outcomes (a "
+            "rollback on outcomes), docs/promotion.md.",
+            ["namespace", "action", "by"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -262,6 +269,12 @@ class PrometheusMetrics:
 
     def lessons_held(self, namespace: str, reason: str, n: int = 1) -> None:
         self._held.labels(self._ns(namespace), reason if reason in HELD_REASONS else "other").inc(n)
+
+    def promotion_decision(self, namespace: str, action: str, by: str) -> None:
+        known = action if action in ("promote", "reject", "rollback") else "other"
+        self._decisions.labels(
+            self._ns(namespace), known, by if by in ("operator", "canary", "outcomes") else "other"
+        ).inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

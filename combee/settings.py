@@ -121,6 +121,23 @@ class Settings(StreamSettings):
     corroborate_producer_cap: int | None = Field(default=None, ge=1)
     # Pending lessons kept per namespace (the least recently supported go first).
     corroborate_max_pending: int = Field(default=256, ge=0)
+    # --- promotion (docs/promotion.md) ---
+    # What agents are served of a namespace that has no policy of its own (`combee prompt policy` sets one, kept
+    # in Redis): direct = every new version at once (as before promotion existed); manual = candidates wait for
+    # `combee prompt promote`/`reject`; canary = candidates go to `promotion_canary_fraction` of the agents and
+    # their outcomes decide. (gate is not implemented yet.)
+    promotion_policy: Literal["direct", "manual", "canary"] = "direct"
+    promotion_canary_fraction: float = Field(default=0.1, gt=0, le=1)
+    # The sequential test of a canary and of a rollback on outcomes (combee/compare.py): each side needs
+    # `promotion_min_decided` traces with a known outcome; worse/not worse by more than `promotion_margin`, one-sided
+    # at level `promotion_alpha`.
+    promotion_margin: float = Field(default=0.05, ge=0, lt=1)
+    promotion_min_decided: int = Field(default=200, ge=1)
+    promotion_alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    # Roll a live version back to its predecessor when its outcomes are worse by more than the margin (any policy).
+    rollback_on_outcomes: bool = True
+    # How often (seconds) the worker that owns a namespace reads its outcomes for a canary or a rollback.
+    promotion_check_s: float = Field(default=5.0, gt=0)
 
     # --- operations (docs/operations.md) ---
     # Prometheus metrics of a worker on http://<metrics_host>:<metrics_port>/metrics; unset: no metrics, no port.

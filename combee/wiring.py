@@ -20,6 +20,7 @@ from combee.errors import ConfigError
 from combee.llm import Role
 from combee.metrics import LLMPrices, Metrics, NoMetrics
 from combee.playbook import ApplyPolicy
+from combee.promotion import PromotionConfig, Rule
 from combee.quotas import QuotaLedger, Quotas, RateLimit
 from combee.settings import Settings
 
@@ -36,6 +37,7 @@ __all__ = [
     "build_quotas",
     "llm_prices",
     "method_config",
+    "promotion_config",
     "simulator_llm",
 ]
 
@@ -188,8 +190,30 @@ def method_config(settings: Settings, method: str, group_factor: float = 1.0) ->
     )
 
 
-def build_publisher(store: RedisPromptStore) -> LatestVersionPublisher:
-    """The publisher that keeps Redis at the newest playbook version, whatever order snapshots arrive in."""
+def build_publisher(store: RedisPromptStore, settings: Settings | None = None) -> LatestVersionPublisher:
+    """The publisher that keeps Redis at the newest playbook version, whatever order snapshots arrive in. When the
+    settings' default promotion policy is not ``direct``, a namespace without a policy gets it before its first
+    publish (streams/redis_promotion.py, ``WithDefaultPolicy``), so no candidate is ever served by default."""
     from streams.redis_publisher import LatestVersionPublisher
 
-    return LatestVersionPublisher(store)
+    if settings is None or settings.promotion_policy == "direct":
+        return LatestVersionPublisher(store)
+    from streams.redis_promotion import RedisPromotion, WithDefaultPolicy
+
+    promotion = RedisPromotion(store.redis, store.keys)
+    policy, fraction = settings.promotion_policy, settings.promotion_canary_fraction
+    return LatestVersionPublisher(WithDefaultPolicy(store, promotion, policy, fraction))
+
+
+def promotion_config(settings: Settings) -> PromotionConfig:
+    """The workers' promotion settings (docs/promotion.md)."""
+    rule = Rule(
+        margin=settings.promotion_margin, min_decided=settings.promotion_min_decided, alpha=settings.promotion_alpha
+    )
+    return PromotionConfig(
+        default_policy=settings.promotion_policy,
+        canary_fraction=settings.promotion_canary_fraction,
+        rule=rule,
+        rollback_on_outcomes=settings.rollback_on_outcomes,
+        check_s=settings.promotion_check_s,
+    )

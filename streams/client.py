@@ -27,7 +27,6 @@ import random
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import redis
@@ -38,9 +37,12 @@ from combee.errors import CombeeError
 from combee.models import validate_namespace
 from combee.outcomes import OutcomeCounts
 from combee.promptdiff import VersionRecord
+from combee.serving import Serving, in_canary_arm, served_version
+from streams.client_cache import Backoff, Cache, PromptVersion, is_news
 from streams.keys import RedisKeys
 from streams.redis_connection import RedisOptions, build_redis, build_sync_redis, client_secrets, describe_error
 from streams.redis_outcomes import parse_outcomes
+from streams.redis_promotion import SERVING_FIELDS, parse_serving
 from streams.redis_records import (
     RECORD_FIELDS,
     HistoryEntry,
@@ -71,17 +73,6 @@ class PromptUnavailable(CombeeError):
         self.unreadable = unreadable
 
 
-@dataclass(frozen=True)
-class PromptVersion:
-    """One published prompt of a namespace. ``published_at`` is the publisher's wall clock (Unix seconds)."""
-
-    version: int
-    prompt: str
-    namespace: str
-    window_id: str | None = None
-    published_at: float | None = None
-
-
 def _prompt_version(namespace: str, values: Sequence[Any]) -> PromptVersion | None:
     version, prompt, window_id, published_at = (reply_text(v) for v in values)
     if version is None:
@@ -105,52 +96,6 @@ def _announced_version(message: Any) -> int | None:
     return version if in_version_range(version) else None
 
 
-class _Backoff:
-    """Capped exponential backoff with jitter: after n failures, a uniform draw from [d/2, d],
-    d = min(cap, base * 2**(n-1))."""
-
-    def __init__(self, base_s: float, cap_s: float, rng: random.Random) -> None:
-        self.base_s, self.cap_s, self.rng = base_s, cap_s, rng
-
-    def delay(self, failures: int) -> float:
-        ceiling = min(self.cap_s, self.base_s * 2.0 ** min(max(failures, 1) - 1, 60))
-        return ceiling / 2 + self.rng.random() * ceiling / 2
-
-
-class _Cache:
-    """The local copy and when to ask Redis again. Pure bookkeeping (the clock is passed in)."""
-
-    def __init__(self, max_age_s: float, backoff: _Backoff) -> None:
-        self.max_age_s = max_age_s
-        self.backoff = backoff
-        self.value: PromptVersion | None = None
-        self.confirmed_at = -math.inf
-        self.retry_at = -math.inf
-        self.failures = 0
-
-    def answer_without_redis(self, now: float) -> PromptVersion | None:
-        """The local copy when it is fresh, or while backing off after a failure; None means ask Redis."""
-        if self.value is None:
-            return None
-        if now - self.confirmed_at < self.max_age_s or now < self.retry_at:
-            return self.value
-        return None
-
-    def confirmed(self, found: PromptVersion | None, now: float) -> PromptVersion | None:
-        """Redis answered ``found`` (None: no version stored). Keep whichever is newer; return what to serve."""
-        self.failures = 0
-        self.retry_at = -math.inf
-        self.confirmed_at = now
-        if found is not None and (self.value is None or found.version > self.value.version):
-            self.value = found
-        return self.value
-
-    def failed(self, now: float) -> PromptVersion | None:
-        self.failures += 1
-        self.retry_at = now + self.backoff.delay(self.failures)
-        return self.value
-
-
 class _ClientBase:
     def __init__(
         self,
@@ -163,6 +108,7 @@ class _ClientBase:
         backoff_cap_s: float,
         clock: Callable[[], float],
         rng: random.Random | None,
+        agent_id: str | None = None,
     ) -> None:
         if max_age_s < 0 or poll_interval_s <= 0:
             raise ValueError("need max_age_s >= 0 and poll_interval_s > 0")
@@ -171,10 +117,15 @@ class _ClientBase:
         self.max_age_s = max_age_s
         self.poll_interval_s = poll_interval_s
         self._clock = clock
-        self._backoff = _Backoff(backoff_base_s, backoff_cap_s, rng or random.Random())
-        self._cache = _Cache(max_age_s, self._backoff)
+        self._backoff = Backoff(backoff_base_s, backoff_cap_s, rng or random.Random())
+        self._cache = Cache(max_age_s, self._backoff)
         self._current_key = keys.current(namespace)
+        self._serving_key = keys.serving(namespace)
+        # the last serving state read was direct: an announcement of a version not above the last one yielded
+        # changes nothing then (under another policy it may announce a decision), so the watch skips its read
+        self._direct = True
         self._channel = keys.updates(namespace)
+        self.agent_id = agent_id
         self._secrets: tuple[str, ...] = ()
 
     @property
@@ -197,6 +148,18 @@ class _ClientBase:
 
     def _describe(self, exc: BaseException) -> str:
         return describe_error(exc, self._secrets)
+
+    def _pick(self, state: Serving, head: PromptVersion | None, announced: int | None) -> tuple[bool, int | None]:
+        """Given the serving state and the head: (True, None) when the head is what to serve (or None when head
+        is None), (False, V) when version V must be read (None: nothing is served). ``announced``: under
+        ``direct``, a version announced on the channel is read itself, so a burst is yielded version by version."""
+        arm = in_canary_arm(self.namespace, self.agent_id, state.fraction)
+        target = served_version(state, head.version if head is not None else None, canary_arm=arm)
+        if state.policy == "direct" and announced is not None and head is not None and announced < head.version:
+            return False, announced
+        if head is None or target == head.version:
+            return True, None
+        return False, target
 
 
 def _keys_from(keys: RedisKeys | None, key_prefix: str | None) -> RedisKeys | None:
@@ -238,6 +201,7 @@ class PromptClient(_ClientBase):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] = time.sleep,
         rng: random.Random | None = None,
+        agent_id: str | None = None,
     ) -> None:
         validate_namespace(namespace)
         keys = _keys_from(keys, key_prefix)
@@ -264,6 +228,7 @@ class PromptClient(_ClientBase):
             backoff_cap_s=backoff_cap_s,
             clock=clock,
             rng=rng,
+            agent_id=agent_id,
         )
         self._secrets = client_secrets(self._redis)
         self._sleep = sleep
@@ -275,6 +240,25 @@ class PromptClient(_ClientBase):
     def _read(self, key: str) -> PromptVersion | None:
         values = cast(Sequence[Any], self._redis.hmget(key, _FIELDS))
         return _prompt_version(self.namespace, values)
+
+    def _read_served(self, announced: int | None = None) -> tuple[int, PromptVersion | None]:
+        """What this agent is served and the serving state's serial: one round trip (the state, the head and the
+        ``announced`` version), and one more when it is served a version other than those."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hmget(self._serving_key, SERVING_FIELDS)
+        pipe.hmget(self._current_key, _FIELDS)
+        if announced is not None:  # under direct, what a watch yields: read in the same round trip
+            pipe.hmget(self.keys.version(self.namespace, announced), _FIELDS)
+        raw_state, raw_head, *raw_announced = pipe.execute()
+        state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
+        self._direct = state.policy == "direct"
+        is_head, other = self._pick(state, head, announced)
+        if is_head:
+            return state.serial, head
+        if other is not None and other == announced and raw_announced:
+            return state.serial, _prompt_version(self.namespace, raw_announced[0]) or head
+        found = self._read(self.keys.version(self.namespace, other)) if other is not None else None
+        return state.serial, found or (head if announced is not None else None)
 
     def get(self) -> PromptVersion:
         """The newest prompt this client knows, refreshed from Redis when the copy is older than ``max_age_s``.
@@ -288,7 +272,7 @@ class PromptClient(_ClientBase):
         if served is not None:
             return served
         try:
-            found = self._read(self._current_key)
+            serial, found = self._read_served()
         except _READ_ERRORS as exc:
             with self._lock:
                 fallback = self._cache.failed(self._clock())
@@ -297,7 +281,7 @@ class PromptClient(_ClientBase):
             log.debug("serving cached v%d of %r: %s", fallback.version, self.namespace, self._describe(exc))
             return fallback
         with self._lock:
-            served = self._cache.confirmed(found, self._clock())
+            served = self._cache.confirmed(found, self._clock(), serial)
         if served is None:
             raise self._unavailable(None)
         return served
@@ -352,6 +336,7 @@ class PromptClient(_ClientBase):
         """
         deadline = None if timeout is None else self._clock() + timeout
         last = -1 if after is None else after
+        last_serial: int | None = None
         pubsub: Any = None
         failures = 0
         next_poll = -math.inf
@@ -365,10 +350,10 @@ class PromptClient(_ClientBase):
                         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
                         pubsub.subscribe(self._channel)
                         next_poll = -math.inf  # catch whatever was published while we were not subscribed
-                    found = None
+                    found, serial = None, last_serial or 0
                     if now >= next_poll:
                         next_poll = now + self.poll_interval_s
-                        found = self._read(self._current_key)
+                        serial, found = self._read_served()
                     else:
                         wait = next_poll - now if deadline is None else min(next_poll, deadline) - now
                         announced = _announced_version(pubsub.get_message(timeout=max(wait, 0.0)))
@@ -376,10 +361,8 @@ class PromptClient(_ClientBase):
                             # The channel works: poll only after it has been quiet for a whole interval, so a
                             # burst is yielded version by version instead of jumping to the newest.
                             next_poll = self._clock() + self.poll_interval_s
-                        if announced is not None and announced > last:
-                            found = self._read(self.keys.version(self.namespace, announced)) or self._read(
-                                self._current_key
-                            )
+                        if announced is not None and (announced > last or not self._direct):
+                            serial, found = self._read_served(announced)
                     failures = 0
                 except _READ_ERRORS as exc:
                     _close_quietly(pubsub)
@@ -391,10 +374,12 @@ class PromptClient(_ClientBase):
                     self._log_failure("watch", exc, delay)
                     self._sleep(delay)
                     continue
-                if found is not None and found.version > last:
+                news = is_news(found, serial, last, last_serial)
+                last_serial = serial if last_serial is None else max(last_serial, serial)
+                if news and found is not None:
                     last = found.version
                     with self._lock:
-                        self._cache.confirmed(found, self._clock())
+                        self._cache.confirmed(found, self._clock(), serial)
                     yield found
         finally:
             _close_quietly(pubsub)
@@ -439,6 +424,7 @@ class AsyncPromptClient(_ClientBase):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rng: random.Random | None = None,
+        agent_id: str | None = None,
     ) -> None:
         validate_namespace(namespace)
         keys = _keys_from(keys, key_prefix)
@@ -465,6 +451,7 @@ class AsyncPromptClient(_ClientBase):
             backoff_cap_s=backoff_cap_s,
             clock=clock,
             rng=rng,
+            agent_id=agent_id,
         )
         self._secrets = client_secrets(self._redis)
         self._sleep = sleep
@@ -476,20 +463,38 @@ class AsyncPromptClient(_ClientBase):
         values = await cast(Awaitable[Sequence[Any]], self._redis.hmget(key, _FIELDS))
         return _prompt_version(self.namespace, values)
 
+    async def _read_served(self, announced: int | None = None) -> tuple[int, PromptVersion | None]:
+        """See :meth:`PromptClient._read_served`."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self._serving_key, SERVING_FIELDS)
+            pipe.hmget(self._current_key, _FIELDS)
+            if announced is not None:
+                pipe.hmget(self.keys.version(self.namespace, announced), _FIELDS)
+            raw_state, raw_head, *raw_announced = await pipe.execute()
+        state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
+        self._direct = state.policy == "direct"
+        is_head, other = self._pick(state, head, announced)
+        if is_head:
+            return state.serial, head
+        if other is not None and other == announced and raw_announced:
+            return state.serial, _prompt_version(self.namespace, raw_announced[0]) or head
+        found = await self._read(self.keys.version(self.namespace, other)) if other is not None else None
+        return state.serial, found or (head if announced is not None else None)
+
     async def get(self) -> PromptVersion:
         """See :meth:`PromptClient.get`."""
         served = self._cache.answer_without_redis(self._clock())
         if served is not None:
             return served
         try:
-            found = await self._read(self._current_key)
+            serial, found = await self._read_served()
         except _READ_ERRORS as exc:
             fallback = self._cache.failed(self._clock())
             if fallback is None:
                 raise self._unavailable(exc) from None
             log.debug("serving cached v%d of %r: %s", fallback.version, self.namespace, self._describe(exc))
             return fallback
-        served = self._cache.confirmed(found, self._clock())
+        served = self._cache.confirmed(found, self._clock(), serial)
         if served is None:
             raise self._unavailable(None)
         return served
@@ -515,6 +520,7 @@ class AsyncPromptClient(_ClientBase):
         """See :meth:`PromptClient.watch`."""
         deadline = None if timeout is None else self._clock() + timeout
         last = -1 if after is None else after
+        last_serial: int | None = None
         pubsub: Any = None
         failures = 0
         next_poll = -math.inf
@@ -528,20 +534,18 @@ class AsyncPromptClient(_ClientBase):
                         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
                         await pubsub.subscribe(self._channel)
                         next_poll = -math.inf
-                    found = None
+                    found, serial = None, last_serial or 0
                     if now >= next_poll:
                         next_poll = now + self.poll_interval_s
-                        found = await self._read(self._current_key)
+                        serial, found = await self._read_served()
                     else:
                         wait = next_poll - now if deadline is None else min(next_poll, deadline) - now
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=max(wait, 0.0))
                         announced = _announced_version(message)
                         if announced is not None:
                             next_poll = self._clock() + self.poll_interval_s
-                        if announced is not None and announced > last:
-                            found = await self._read(self.keys.version(self.namespace, announced))
-                            if found is None:
-                                found = await self._read(self._current_key)
+                        if announced is not None and (announced > last or not self._direct):
+                            serial, found = await self._read_served(announced)
                     failures = 0
                 except _READ_ERRORS as exc:
                     await _aclose_quietly(pubsub)
@@ -553,9 +557,11 @@ class AsyncPromptClient(_ClientBase):
                     self._log_failure("watch", exc, delay)
                     await self._sleep(delay)
                     continue
-                if found is not None and found.version > last:
+                news = is_news(found, serial, last, last_serial)
+                last_serial = serial if last_serial is None else max(last_serial, serial)
+                if news and found is not None:
                     last = found.version
-                    self._cache.confirmed(found, self._clock())
+                    self._cache.confirmed(found, self._clock(), serial)
                     yield found
         finally:
             await _aclose_quietly(pubsub)

@@ -195,12 +195,13 @@ class Partial(_Envelope):
 
 class Control(_Envelope):
     """An operator command for a namespace's combiner: roll back to an earlier version's content
-    (``to_version``), or act on one bullet (``bullet_id``: release a quarantined one, remove, pin or unpin a
-    live one; combee/quarantine.py). Each makes the next version."""
+    (``to_version``), act on one bullet (``bullet_id``: release a quarantined one, remove, pin or unpin a
+    live one; combee/quarantine.py), or promote / reject a candidate version (``to_version``;
+    combee/promotion.py). Each but a promotion makes the next version."""
 
     schema_: Literal["combee.control/1"] = Field(default="combee.control/1", alias="schema")
     namespace: str
-    kind: Literal["rollback", "release", "remove", "pin", "unpin"]
+    kind: Literal["rollback", "release", "remove", "pin", "unpin", "promote", "reject"]
     to_version: int = Field(default=0, ge=0)
     bullet_id: str | None = Field(default=None, max_length=16, description="a bullet id, or a quarantine id")
     actor: str | None = Field(default=None, max_length=128, description="who asked (OS user or --actor)")

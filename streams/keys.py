@@ -15,6 +15,10 @@ Cluster slot and the atomic publish script can touch them together.
 ``<prefix>:{<ns>}:quarantine`` hash: quarantine id -> JSON of a bullet the guard held back (streams/quarantine.py)
 ``<prefix>:{<ns>}:quarantine:resolved`` set: quarantine ids an operator released or removed
 ``<prefix>:{<ns>}:pending`` hash: pending id -> JSON of a lesson waiting for corroboration (streams/pending.py)
+``<prefix>:{<ns>}:serving``   hash: the promotion policy and what agents are served (live version, canary
+                              fraction, rejected candidates; combee/serving.py). Absent: policy ``direct``
+``<prefix>:{<ns>}:decisions`` hash: decision id -> JSON of a promote, reject, rollback or policy decision and
+                              its evidence (combee/promotion.py)
 ``<prefix>:{<ns>}:audit``     stream: the operators' actions on bullets (``combee bullet audit``), append-only
 ``<prefix>:namespaces``       set of namespaces ever published
 ``<prefix>:seen``             set of namespaces a worker has received a trace of (published or not yet)
@@ -59,6 +63,12 @@ class RedisKeys:
 
     def outcome_marks(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:outcome-marks"
+
+    def serving(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:serving"
+
+    def decisions(self, namespace: str) -> str:
+        return f"{self._ns(namespace)}:decisions"
 
     def quarantine(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:quarantine"

@@ -71,19 +71,22 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
 
     A row per namespace published or seen by a worker (or just ``namespace``): its ``state`` (see
     :func:`namespace_state`), version (None: none yet), traces lag (None: unknown), the worker's report and the
-    outcomes per version key, newest first (:func:`combee.outcomes.as_json`; ``unknown``: above the live one).
+    outcomes per version key, newest first (:func:`combee.outcomes.as_json`; ``unknown``: above the live one),
+    and ``promotion``: the policy, the live version, the pending candidate and the newest decisions.
     A worker's health report gains ``age_s`` (seconds since it was written). Kafka unreachable leaves the lag
     unknown and says why in ``kafka_error``; Redis unreachable raises redis-py's error.
     """
     from combee.errors import KafkaUnreachable
     from combee.outcomes import as_json, version_order
     from streams.redis_outcomes import RedisOutcomes
+    from streams.redis_promotion import RedisPromotion
     from streams.redis_store import RedisPromptStore
 
     topics = settings.topics()
     store = RedisPromptStore.from_settings(settings)
     redis = store.redis
     outcomes = RedisOutcomes(redis, store.keys)
+    promotion = RedisPromotion(redis, store.keys)
     try:
         known = set(await store.namespaces()) | set(await store.seen_namespaces())
         names = [namespace] if namespace else sorted(known)
@@ -106,6 +109,7 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
                     "lag": lag.get(partition_for(ns.encode(), topics.partitions)),
                     "worker_status": await store.get_status(ns),
                     "outcomes": {k: as_json(counts[k]) for k in sorted(counts, key=version_order)},
+                    "promotion": await _promotion_row(promotion, ns, current.version if current else None),
                 }
             )
         now = time.time()
@@ -116,3 +120,14 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
         return {"namespaces": rows, "workers": workers, "kafka_error": kafka_error}
     finally:
         await redis.aclose()
+
+
+async def _promotion_row(promotion: Any, namespace: str, head: int | None) -> dict[str, Any]:
+    """What agents of ``namespace`` are served and the newest five decisions (docs/promotion.md)."""
+    import dataclasses
+
+    from combee.serving import pending_candidate
+
+    serving = await promotion.serving(namespace)
+    decisions = await promotion.decisions(namespace)
+    return {**dataclasses.asdict(serving), "candidate": pending_candidate(serving, head), "decisions": decisions[-5:]}

@@ -22,7 +22,7 @@ from combee.llm import LLM
 from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
-from combee.wiring import build_quotas
+from combee.wiring import build_quotas, promotion_config
 from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
@@ -30,6 +30,7 @@ from streams.forget import CachedRules
 from streams.pending import PendingStore
 from streams.quarantine import QuarantineStore
 from streams.redis_outcomes import RedisOutcomes
+from streams.redis_promotion import RedisPromotion
 from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
@@ -40,6 +41,7 @@ from workers.kafka_driver import App
 from workers.mapper import handle_window
 from workers.observe import export_outcomes, lag_reporter, publish_listener
 from workers.outcomes import OutcomeRecorder, flush_loop
+from workers.promotion import promotion_loop
 from workers.reflect import handle_reflect_task
 from workers.resume import stall_guard
 from workers.state import ChangelogTable, KafkaIO
@@ -162,6 +164,7 @@ def create_app(
         curate_concurrency=settings.curate_concurrency,
         reflect_task_size=settings.reflect_task_size,
         control_key=control_key(settings),
+        promotion=promotion_config(settings),
     )
     ctx = StageContext(
         config=config,
@@ -178,6 +181,7 @@ def create_app(
         quarantine=QuarantineStore(store.redis, store.keys),
         pending=PendingStore(store.redis, store.keys),
     )
+    ctx.serving = RedisPromotion(store.redis, store.keys)
     recorder = ctx.outcomes = OutcomeRecorder(RedisOutcomes(store.redis, store.keys), ctx.acks.done)
     publisher.on_published = publish_listener(ctx)
     if health is not None:
@@ -216,6 +220,10 @@ def create_app(
         @app.task
         async def outcome_counter() -> None:
             await flush_loop(recorder)
+
+        @app.task
+        async def promotion_checker() -> None:
+            await promotion_loop(ctx)
 
         @app.task
         async def status_reporter() -> None:

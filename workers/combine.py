@@ -35,6 +35,7 @@ from workers.bullets import operate
 from workers.commit import bind, commit, commit_control, ensure_ready, is_current, snapshot_of
 from workers.context import StageContext
 from workers.pending import keep_pending, pending_pool
+from workers.promotion import handle_promotion, serve_rollback
 from workers.runtime import NamespaceRuntime, OpenWindow
 
 __all__ = ["ensure_ready", "handle_partial"]
@@ -63,7 +64,12 @@ async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
     rt = bind(ctx, tenure, env.namespace)
     async with rt.lock:
         if isinstance(env, Control):
-            await (_rollback(ctx, rt, env) if env.kind == "rollback" else operate(ctx, rt, env))
+            if env.kind == "rollback":
+                await _rollback(ctx, rt, env)
+            elif env.kind in ("promote", "reject"):
+                await handle_promotion(ctx, rt, env)
+            else:
+                await operate(ctx, rt, env)
             await ctx.acks.done(event)
             return
         snap = tenure.snapshots.get(env.namespace)
@@ -291,6 +297,7 @@ async def _rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> N
         log.error("rollback of %s: version %d is not in the store", rt.namespace, ctrl.to_version)
         return
     old = Playbook.model_validate_json(target.playbook_json)
+    await serve_rollback(ctx, rt, ctrl, current.version)  # under a policy other than direct: serve it at once
     playbook = Playbook(
         namespace=rt.namespace,
         version=current.version + 1,

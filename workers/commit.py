@@ -181,6 +181,7 @@ async def _remember(
             "bullets": len(playbook.bullets),
             "traces": record.trace_count,
             "note": record.note,
+            **({"rollback_to": record.rollback_to} if record.rollback_to is not None else {}),
             PROVENANCE_KEY: [provenance_entry(record.version, record.window_id, record.trace_ids)],
             **({EVIDENCE_KEY: evidence_entry(record.evidence)} if record.evidence is not None else {}),
         },

@@ -19,6 +19,7 @@ from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
 from combee.llm import LLM, Role
 from combee.metrics import Metrics, NoMetrics
+from combee.promotion import PromotionConfig
 from combee.quotas import QuotaLedger
 from combee.windowing import MapState, WindowPolicy
 from streams.codec import CodecError, dead_letter, decode, encode
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from streams.forget import CachedRules
     from streams.pending import PendingStore
     from streams.quarantine import QuarantineStore
+    from streams.redis_promotion import RedisPromotion
     from streams.redis_publisher import LatestVersionPublisher
     from streams.redis_store import RedisPromptStore
     from workers.outcomes import OutcomeRecorder
@@ -57,6 +59,7 @@ class StageConfig:
     buffer_limit: int = 4096  # traces buffered per namespace before the window stage stops pulling
     retry_max_s: float = 30.0
     control_key: bytes | None = None  # COMBEE_CONTROL_KEY: control records must be signed with it (None: not checked)
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
 
 
 def process_id() -> str:
@@ -106,6 +109,8 @@ class StageContext:
     quarantine: QuarantineStore | None = None
     # where the combiner keeps the lessons waiting for corroboration (None: in memory only)
     pending: PendingStore | None = None
+    # the namespaces' serving states and decisions (workers/promotion.py); None: promotion is not handled
+    serving: RedisPromotion | None = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -49,7 +49,7 @@ def run_worker(
         roles=roles,
         llm=build_llm(settings),
         store=store,
-        publisher=build_publisher(store),
+        publisher=build_publisher(store, settings),
         method=method or method_config(settings, "combee"),
         dedup=build_near_duplicates(settings),
         until_idle_s=until_idle_s,

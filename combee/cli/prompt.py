@@ -27,6 +27,8 @@ from combee.cli.base import (
     wait_for_version,
     with_start_hint,
 )
+from combee.cli.promote import COMMANDS as PROMOTION_COMMANDS
+from combee.cli.promote import add_promotion_commands, cmd_promotion
 
 if TYPE_CHECKING:
     from streams.client import PromptClient
@@ -90,7 +92,8 @@ def add_prompt_command(sub: Any) -> None:
         "written to Redis outside Combee)",
     )
     fix.add_argument("namespace")
-    for q in (g, s, w, h, d, r, fix):
+    promotion = add_promotion_commands(psub)
+    for q in (g, s, w, h, d, r, fix, *promotion):
         add_connection_options(q)
     p.set_defaults(func=service_errors(cmd_prompt))
 
@@ -136,6 +139,8 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     settings = stream_settings(args)
     if args.prompt_command == "repair":
         return _repair(settings, args.namespace)
+    if args.prompt_command in PROMOTION_COMMANDS:
+        return cmd_promotion(settings, args)
     with prompt_client(settings, args.namespace) as client:
         try:
             if args.prompt_command == "rollback":
@@ -159,6 +164,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
                 _diff(client, args)
             elif args.prompt_command == "history":
                 _history(client, args.limit)
+                _decisions(settings, client.namespace)
             else:  # watch
                 for count, v in enumerate(client.watch(timeout=args.timeout), start=1):
                     print(f"--- version {v.version} (window {v.window_id}) ---", flush=True)
@@ -191,6 +197,19 @@ def _history(client: PromptClient, limit: int) -> None:
         print(f"v{key:<6} (not listed) outcomes: {describe(outcomes[key])}")
     if UNKNOWN_VERSION in outcomes:
         print(f"unknown version (above the live one when counted): {describe(outcomes[UNKNOWN_VERSION])}")
+
+
+def _decisions(settings: Any, namespace: str) -> None:
+    """The promotion policy, what is live, and every decision recorded (docs/promotion.md)."""
+    from combee.cli.promote import describe_decision, read_head, serving_summary, with_promotion
+
+    async def read(p: Any) -> tuple[Any, int | None, list[dict[str, Any]]]:
+        return await p.serving(namespace), await read_head(p, namespace), await p.decisions(namespace)
+
+    serving, head, decisions = with_promotion(settings, read)
+    print(serving_summary(serving, head))
+    for d in decisions:
+        print(f"  {describe_decision(d)}")
 
 
 def _not_retained(client: PromptClient, version: int) -> str:

@@ -87,7 +87,23 @@ def format_status(status: dict[str, Any], now: float) -> str:
         )
         lines.append(f"  controller: {ctl.get('why', 'no report from a worker (is one running?)')}")
         lines.extend(_outcome_lines(row.get("outcomes") or {}))
+        lines.extend(promotion_lines(row.get("promotion") or {}, version))
     return "\n".join(lines) + "\n"
+
+
+def promotion_lines(promotion: dict[str, Any], head: int | None) -> list[str]:
+    """The policy, what is live and pending, and the newest decision (``combee prompt history``: all of them)."""
+    from combee.cli.promote import describe_decision, serving_summary
+    from combee.serving import Serving
+
+    if not promotion:
+        return []
+    fields = {f: promotion[f] for f in ("policy", "live", "previous", "fraction", "rejected_through", "serial")}
+    lines = [f"  promotion: {serving_summary(Serving(**fields), head)}"]
+    decisions = promotion.get("decisions") or []
+    if decisions:
+        lines.append(f"  last decision: {describe_decision(decisions[-1])}")
+    return lines
 
 
 def cmd_status(args: argparse.Namespace) -> int:

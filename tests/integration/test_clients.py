@@ -186,14 +186,14 @@ def test_prompt_client_cache_survives_redis_going_away(keys: RedisKeys, private_
     client = PromptClient(url, "ns", keys=keys, max_age_s=0.2, backoff_base_s=0.05, backoff_cap_s=0.5,
                           clock=lambda: now[0])  # fmt: skip
     reads = 0
-    read = client._read
+    read = client._read_served  # one round trip: the serving state and the head
 
-    def counted(key: str) -> PromptVersion | None:
+    def counted(announced: int | None = None) -> tuple[int, PromptVersion | None]:
         nonlocal reads
         reads += 1
-        return read(key)
+        return read(announced)
 
-    client._read = counted  # type: ignore[method-assign]
+    client._read_served = counted  # type: ignore[method-assign]
     assert client.get().version == 1 and reads == 1
 
     private_redis.stop()

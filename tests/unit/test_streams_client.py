@@ -35,10 +35,45 @@ class FakeRedis:
         row = self.hashes.get(key, {})
         return [row.get(n) for n in names]
 
+    def pipeline(self, transaction: bool = True) -> FakePipeline:
+        return FakePipeline(self)
+
+
+@dataclass
+class FakePipeline:
+    """Buffers HMGETs and answers them in one round trip (one ``read``), as redis-py's pipeline does."""
+
+    redis: FakeRedis
+    queued: list[tuple[str, Any]] = field(default_factory=list)
+
+    def hmget(self, key: str, names: Any) -> FakePipeline:
+        self.queued.append((key, names))
+        return self
+
+    def execute(self) -> list[list[str | None]]:
+        self.redis.reads += 1
+        if self.redis.down:
+            raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        return [[self.redis.hashes.get(k, {}).get(n) for n in names] for k, names in self.queued]
+
+
+class AsyncFakePipeline(FakePipeline):
+    async def execute(self) -> list[list[str | None]]:  # type: ignore[override]
+        return FakePipeline.execute(self)
+
+    async def __aenter__(self) -> AsyncFakePipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
 
 class AsyncFakeRedis(FakeRedis):
     async def hmget(self, key: str, names: Any) -> list[str | None]:  # type: ignore[override]
         return FakeRedis.hmget(self, key, names)
+
+    def pipeline(self, transaction: bool = True) -> AsyncFakePipeline:  # type: ignore[override]
+        return AsyncFakePipeline(self)
 
 
 class Clock:
@@ -139,3 +174,67 @@ def test_key_prefix_is_a_shortcut_for_keys() -> None:
         PromptClient(fake, "ns", keys=KEYS, key_prefix="t")  # type: ignore[arg-type]
     with pytest.raises(InvalidNamespace):
         PromptClient(fake, "bad ns")  # type: ignore[arg-type]
+
+
+# -- what a promotion policy serves ------------------------------------------------------------------------------
+
+
+def serve(fake: FakeRedis, **fields: str) -> None:
+    state = fake.hashes.setdefault(KEYS.serving("ns"), {"rejected_through": "0"})
+    state.update(fields)
+    state["serial"] = str(int(state.get("serial", "0")) + 1)
+
+
+def in_arm(fraction: float) -> tuple[str, str]:
+    """An agent id in the arm at ``fraction`` and one outside it."""
+    from combee.serving import in_canary_arm
+
+    ids = [f"agent-{i}" for i in range(200)]
+    inside = next(a for a in ids if in_canary_arm("ns", a, fraction))
+    outside = next(a for a in ids if not in_canary_arm("ns", a, fraction))
+    return inside, outside
+
+
+def test_under_manual_every_agent_is_served_the_live_version_not_the_candidate() -> None:
+    fake, clock = FakeRedis(), Clock()
+    fake.put(3, "three")
+    fake.put(4, "four (a candidate)")
+    serve(fake, policy="manual", live="3", fraction="0")
+    assert make(fake, clock, agent_id="a1").get().version == 3
+    assert make(fake, clock).get().version == 3
+
+
+def test_under_canary_only_the_arm_gets_the_candidate_and_a_rejection_takes_it_back() -> None:
+    fake, clock = FakeRedis(), Clock()
+    fake.put(3, "three")
+    fake.put(4, "four (a candidate)")
+    serve(fake, policy="canary", live="3", fraction="0.3")
+    inside, outside = in_arm(0.3)
+    arm, rest = make(fake, clock, agent_id=inside, max_age_s=0), make(fake, clock, agent_id=outside, max_age_s=0)
+    assert (arm.get().version, rest.get().version) == (4, 3)
+    serve(fake, rejected_through="4")  # the canary dropped it: the arm goes back to the live version
+    assert (arm.get().version, rest.get().version) == (3, 3)
+
+
+def test_a_promotion_reaches_every_agent_and_a_rollback_serves_a_lower_version() -> None:
+    fake, clock = FakeRedis(), Clock()
+    fake.put(3, "three")
+    fake.put(4, "four")
+    serve(fake, policy="manual", live="3", fraction="0")
+    client = make(fake, clock, max_age_s=0)
+    assert client.get().version == 3
+    serve(fake, live="4", previous="3")
+    assert client.get().version == 4
+    serve(fake, live="3", previous="4")  # a recorded decision moved it back: not a stale read
+    assert client.get().version == 3
+
+
+async def test_the_async_client_serves_the_same_arm() -> None:
+    fake, clock = AsyncFakeRedis(), Clock()
+    fake.put(3, "three")
+    fake.put(4, "four (a candidate)")
+    serve(fake, policy="canary", live="3", fraction="0.3")
+    inside, outside = in_arm(0.3)
+    arm = AsyncPromptClient(fake, "ns", keys=KEYS, clock=clock, agent_id=inside)  # type: ignore[arg-type]
+    rest = AsyncPromptClient(fake, "ns", keys=KEYS, clock=clock, agent_id=outside)  # type: ignore[arg-type]
+    assert ((await arm.get()).version, (await rest.get()).version) == (4, 3)

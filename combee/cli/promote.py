@@ -1,0 +1,175 @@
+"""``combee prompt policy|promote|reject``: a namespace's promotion policy, and an operator's decision on a
+candidate version (docs/promotion.md). ``policy`` writes Redis directly; ``promote`` and ``reject`` are signed
+control records (``COMBEE_CONTROL_KEY``, like ``prompt rollback``) that the worker owning the namespace applies,
+and wait until the decision is recorded."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from combee.cli.base import CliError, positive_int
+
+if TYPE_CHECKING:
+    from streams.redis_promotion import RedisPromotion
+
+__all__ = [
+    "add_promotion_commands",
+    "cmd_promotion",
+    "describe_decision",
+    "read_head",
+    "serving_summary",
+    "with_promotion",
+]
+
+T = TypeVar("T")
+COMMANDS = ("policy", "promote", "reject")
+
+
+def add_promotion_commands(psub: Any) -> list[Any]:
+    """Register ``policy``, ``promote`` and ``reject`` under ``combee prompt``; returns their parsers."""
+    p = psub.add_parser(
+        "policy",
+        help="show or set a namespace's promotion policy: direct, manual, canary --fraction F (gate: not yet)",
+        description="Without a policy: show it. direct serves every new version at once; manual keeps new versions "
+        "as candidates until `combee prompt promote` or `reject`; canary serves the candidate to a stable FRACTION "
+        "of the agents (those that give PromptClient an agent id) and lets their outcomes decide.",
+    )
+    p.add_argument("namespace")
+    p.add_argument("policy", nargs="?", choices=("direct", "manual", "canary", "gate"))
+    p.add_argument("--fraction", type=float, default=0.1, help="canary: the share of agents in the arm (0 < F <= 1)")
+    p.add_argument("--actor", help="who decides, for the record (default: the OS user)")
+    parsers = [p]
+    for verb, what in (("promote", "serve a candidate version to every agent"), ("reject", "reject candidates")):
+        q = psub.add_parser(verb, help=what)
+        q.add_argument("namespace")
+        q.add_argument("version", type=positive_int)
+        q.add_argument("--actor", help="who decides, for the record (default: the OS user)")
+        q.add_argument("--timeout", type=float, default=60.0)
+        parsers.append(q)
+    return parsers
+
+
+def with_promotion(settings: Any, work: Callable[[RedisPromotion], Awaitable[T]]) -> T:
+    """Run ``work`` against the settings' Redis, closing the connection afterwards."""
+    from streams.redis_promotion import RedisPromotion
+    from streams.redis_store import RedisPromptStore
+
+    async def run() -> T:
+        store = RedisPromptStore.from_settings(settings, client_name="combee-promotion")
+        try:
+            return await work(RedisPromotion(store.redis, store.keys))
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
+def serving_summary(serving: Any, head: int | None) -> str:
+    """One line: the policy, what is live, the pending candidate."""
+    from combee.serving import pending_candidate
+
+    if serving.policy == "direct":
+        return f"policy direct: every new version is served (head v{head or 0})"
+    fraction = f" (fraction {serving.fraction:g})" if serving.policy == "canary" else ""
+    live = f"v{serving.live}" if serving.live is not None else "none"
+    candidate = pending_candidate(serving, head)
+    pending = f"candidate v{candidate} pending" if candidate is not None else "no candidate pending"
+    rejected = f", rejected through v{serving.rejected_through}" if serving.rejected_through else ""
+    return f"policy {serving.policy}{fraction}: live {live}, {pending}{rejected}"
+
+
+def describe_decision(d: dict[str, Any]) -> str:
+    """One line per recorded decision, with the comparison's verdict when there is one."""
+    from datetime import datetime
+
+    when = datetime.fromtimestamp(float(d.get("at") or 0)).isoformat(timespec="seconds")
+    serve = d.get("serve")
+    served = f", serving v{serve}" if serve is not None else ""
+    line = f"{when}  {d.get('action')} v{d.get('version')} by {d.get('decided_by')} under {d.get('policy')}{served}"
+    evidence = d.get("evidence") or {}
+    cmp = evidence.get("comparison") if isinstance(evidence, dict) else None
+    sides = ""
+    if isinstance(evidence, dict) and isinstance(evidence.get("candidate"), dict):
+        c, b = evidence["candidate"], evidence.get("baseline") or {}
+        cand, base = f"n={c.get('n')} success={c.get('success')}", f"n={b.get('n')} success={b.get('success')}"
+        sides = f" [candidate {cand}; baseline {base}]"
+    verdict = f" {cmp.get('verdict')}:" if isinstance(cmp, dict) else ""
+    return f"{line}:{verdict} {d.get('reason')}{sides}"
+
+
+def cmd_promotion(settings: Any, args: argparse.Namespace) -> int:
+    from combee.models import validate_namespace
+
+    validate_namespace(args.namespace)
+    if args.prompt_command == "policy":
+        return _policy(settings, args)
+    return _decide(settings, args)
+
+
+def _policy(settings: Any, args: argparse.Namespace) -> int:
+    from combee.promotion import Decision
+
+    ns = args.namespace
+    if args.policy is None:
+
+        async def show(p: RedisPromotion) -> str:
+            head = await read_head(p, ns)
+            return serving_summary(await p.serving(ns), head)
+
+        print(f"{ns}: {with_promotion(settings, show)}")
+        return 0
+    if args.policy == "gate":
+        raise CliError("the gate policy (a validation set decides) is not implemented yet; use manual or canary")
+    if not 0.0 < args.fraction <= 1.0:
+        raise CliError(f"--fraction must be in (0, 1], got {args.fraction}")
+    fraction = args.fraction if args.policy == "canary" else 0.0
+    actor = f"operator:{args.actor or getpass.getuser()}"
+    now = time.time()
+
+    async def set_it(p: RedisPromotion) -> int | None:
+        before = await p.serving(ns)
+        reason = f"policy {args.policy}" + (f" (fraction {fraction:g})" if args.policy == "canary" else "")
+        decision = Decision("policy", 0, actor, args.policy, f"{reason}; was {before.policy}", at=now)
+        return await p.set_policy(ns, args.policy, fraction, decision.as_json(), set_by=actor, at=now)
+
+    live = with_promotion(settings, set_it)
+    served = "the head" if args.policy == "direct" else (f"v{live}" if live is not None else "nothing yet")
+    print(f"{ns}: policy {args.policy}; agents are served {served}")
+    return 0
+
+
+async def read_head(p: RedisPromotion, namespace: str) -> int | None:
+    """The namespace's newest published version (None: none)."""
+    from streams.redis_records import reply_text
+
+    raw = reply_text(await p._redis.hget(p.keys.current(namespace), "version"))
+    return int(raw) if raw is not None and raw.isdigit() else None
+
+
+def _decide(settings: Any, args: argparse.Namespace) -> int:
+    from streams.control import send_control
+    from streams.envelopes import Control
+
+    ns, version = args.namespace, args.version
+    actor = args.actor or getpass.getuser()
+    ctrl = Control(namespace=ns, kind=args.prompt_command, to_version=version, actor=actor, requested_at=time.time())
+    signed = send_control(settings, ctrl)
+    wanted = f"{args.prompt_command}/v{version}"
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        found = with_promotion(settings, lambda p: p.decision(ns, wanted))
+        if found is not None:
+            print(f"{ns}: {describe_decision(found)}")
+            return 0
+        time.sleep(0.5)
+    raise CliError(
+        f"{args.prompt_command} of v{version} requested, but no decision was recorded within {args.timeout:g}s: "
+        "it is not a pending candidate (see the worker's log and `combee prompt policy NS`), or no worker runs; "
+        f"the request was {'signed with this' if signed else 'not signed: no'} COMBEE_CONTROL_KEY",
+        4,
+    )

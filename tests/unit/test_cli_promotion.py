@@ -1,0 +1,29 @@
+"""How ``combee status`` and ``combee prompt history`` show promotion (combee/cli/promote.py, combee/cli/status.py)."""
+
+from __future__ import annotations
+
+from combee.cli.promote import describe_decision, serving_summary
+from combee.cli.status import promotion_lines
+from combee.outcomes import OutcomeCounts
+from combee.promotion import Rule, decide_canary
+from combee.serving import Serving
+
+
+def test_status_shows_the_policy_the_pending_candidate_and_the_last_decision_with_its_evidence() -> None:
+    state = Serving(policy="canary", live=4, fraction=0.2)
+    table = {"4": OutcomeCounts(160, 40), "5": OutcomeCounts(50, 100)}
+    decision = decide_canary(state, 5, table, Rule(min_decided=100), at=0.0)
+    assert decision is not None
+    row = {**vars(state), "candidate": 5, "decisions": [decision.as_json()]}
+    lines = promotion_lines(row, 5)
+    assert lines[0] == "  promotion: policy canary (fraction 0.2): live v4, candidate v5 pending"
+    assert "reject v5 by canary under canary, serving v4: worse:" in lines[1]
+    assert "[candidate n=150 success=50; baseline n=200 success=160]" in lines[1]
+
+
+def test_direct_and_no_state_say_so() -> None:
+    assert serving_summary(Serving(), 7) == "policy direct: every new version is served (head v7)"
+    assert promotion_lines({}, 7) == []
+    rejected = Serving(policy="manual", live=3, rejected_through=6)
+    assert serving_summary(rejected, 6) == "policy manual: live v3, no candidate pending, rejected through v6"
+    assert "policy" in describe_decision({"action": "policy", "version": 0, "decided_by": "operator:ana"})
