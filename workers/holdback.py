@@ -73,28 +73,33 @@ async def refill(ctx: StageContext) -> int:
 async def _refill_one(ctx: StageContext, rt: NamespaceRuntime, partition: int, room: int) -> int:
     queue = rt.held[partition]
     topic, moved = ctx.topics.traces, 0
-    async for rec in ctx.io.read(topic, partition, queue[0]):
-        if ctx.runtimes.get(rt.namespace) is not rt or rt.held.get(partition) is not queue:
-            return moved  # the partition was revoked meanwhile: its new owner reads it again
-        while queue and queue[0] < rec.offset:  # gone from the log (retention): nothing to learn
-            gone = queue.popleft()
-            log.warning("%s[%d]@%d held back and no longer in the log", topic, partition, gone)
-            await ctx.acks.done(SyntheticEvent(SyntheticMessage(topic, partition, gone, None, None)))
-        if not queue or moved >= room:
-            return moved
-        if rec.offset != queue[0]:
-            continue  # another namespace's record
-        queue.popleft()
-        event = SyntheticEvent(SyntheticMessage(topic, partition, rec.offset, rec.key, rec.value))
-        try:
-            trace = decode_trace(rec.value, rec.key)
-        except CodecError as exc:  # it decoded when it came; a record cannot change, but never lose one silently
-            await ctx.dead_letter("window", exc.reason, event.message)
-            await ctx.acks.done(event)
-            continue
-        if ctx.outcomes is not None:
-            ctx.outcomes.note(rt.namespace, partition, observe(rec.offset, trace))
-        buf = rt.buffers.setdefault(partition, [])
-        buf.append(Buffered(rec.offset, trace, event, len(rec.value or b""), time.monotonic()))
-        moved += 1
+    async with contextlib.aclosing(ctx.io.read(topic, partition, queue[0])) as records:  # its consumer stops
+        async for rec in records:
+            if ctx.runtimes.get(rt.namespace) is not rt or rt.held.get(partition) is not queue:
+                return moved  # the partition was revoked meanwhile: its new owner reads it again
+            while queue and queue[0] < rec.offset:  # gone from the log (retention): nothing to learn
+                gone = queue.popleft()
+                log.warning("%s[%d]@%d held back and no longer in the log", topic, partition, gone)
+                await ctx.acks.done(SyntheticEvent(SyntheticMessage(topic, partition, gone, None, None)))
+            if not queue or moved >= room:
+                return moved
+            if rec.offset == queue[0]:  # else another namespace's record
+                queue.popleft()
+                moved += await _buffer(ctx, rt, SyntheticMessage(topic, partition, rec.offset, rec.key, rec.value))
     return moved
+
+
+async def _buffer(ctx: StageContext, rt: NamespaceRuntime, msg: SyntheticMessage) -> int:
+    """Buffer a record read back; 1 when buffered."""
+    event = SyntheticEvent(msg)
+    try:
+        trace = decode_trace(msg.value, msg.key)
+    except CodecError as exc:  # it decoded when it came; a record cannot change, but never lose one silently
+        await ctx.dead_letter("window", exc.reason, msg)
+        await ctx.acks.done(event)
+        return 0
+    if ctx.outcomes is not None:
+        ctx.outcomes.note(rt.namespace, msg.partition, observe(msg.offset, trace))
+    buf = rt.buffers.setdefault(msg.partition, [])
+    buf.append(Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic()))
+    return 1
