@@ -90,9 +90,9 @@ class Pipeline:
     def keys(self) -> RedisKeys:
         return RedisKeys(self.prefix)
 
-    def start_sim(self, **config: Any) -> SimProcess:
+    def start_sim(self, start_timeout_s: float = 30.0, **config: Any) -> SimProcess:
         self.sim = SimProcess(SimConfig(seed=self.sim_seed, time_scale=self.time_scale, **config), world="combee")
-        self.sim.start()
+        self.sim.start(start_timeout_s)
         return self.sim
 
     def env(self, **extra: str) -> dict[str, str]:

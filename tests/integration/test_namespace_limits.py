@@ -4,14 +4,30 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from streams.topics import partition_for
 from tests.integration.pipeline import Pipeline, Worker
+from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: Generous bounds for a loaded machine: they are how long a test waits, never what it measures.
+START_S, LEARN_S = 300.0, 900.0
+
+
+@pytest.fixture
+def pipe(tmp_path: Path) -> Iterator[Pipeline]:
+    p = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
+    p.start_sim(start_timeout_s=START_S)
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 def offsets_of(pipe: Pipeline, namespace: str) -> list[tuple[int, int]]:
@@ -29,7 +45,7 @@ def learned_offsets(pipe: Pipeline, namespace: str) -> list[tuple[int, int]]:
 
 def wait_evicted(pipe: Pipeline, worker: Worker, namespace: str, times: int = 1) -> None:
     line = f"namespace {namespace} idle for"
-    wait_until(lambda: worker.log.read_text(errors="replace").count(line) >= times, 60, f"{namespace} evicted")
+    wait_until(lambda: worker.log.read_text(errors="replace").count(line) >= times, START_S, f"{namespace} evicted")
 
 
 def test_an_evicted_namespace_comes_back_and_learns_on_from_its_last_version(pipe: Pipeline) -> None:
@@ -39,14 +55,14 @@ def test_an_evicted_namespace_comes_back_and_learns_on_from_its_last_version(pip
     # One live namespace at a time: "ns-between" is only learned if "ns-evicted" was let go, and vice versa.
     worker = pipe.start_worker(COMBEE_MAX_NAMESPACES="1", COMBEE_NAMESPACE_IDLE_S="2")
     pipe.publish_traces(first[:12])
-    pipe.wait_learned({ns: 12})
+    pipe.wait_learned({ns: 12}, LEARN_S)
     before = pipe.deltas(ns)
     wait_evicted(pipe, worker, ns)
     pipe.publish_traces(between)
-    pipe.wait_learned({other: 6})
+    pipe.wait_learned({other: 6}, LEARN_S)
     wait_evicted(pipe, worker, other)
     pipe.publish_traces(first[12:])
-    pipe.wait_learned({ns: 24})
+    pipe.wait_learned({ns: 24}, LEARN_S)
 
     assert not pipe.dead_letters()
     records = pipe.deltas(ns)
@@ -64,9 +80,9 @@ def test_a_new_namespace_over_the_cap_is_dead_lettered_with_the_reason(pipe: Pip
     refused, _ = pipe.traces(5, 6, late)
     pipe.start_worker(COMBEE_MAX_NAMESPACES="1")  # and the default idle time: ns-first stays live
     pipe.publish_traces(traces)
-    pipe.wait_learned({ns: 10})
+    pipe.wait_learned({ns: 10}, LEARN_S)
     pipe.publish_traces(refused)
-    wait_until(lambda: len(pipe.dead_letters()) >= 5, 120, "the late namespace's traces dead-lettered")
+    wait_until(lambda: len(pipe.dead_letters()) >= 5, LEARN_S, "the late namespace's traces dead-lettered")
 
     letters = pipe.dead_letters()
     assert len(letters) == 5
@@ -94,7 +110,7 @@ def test_a_full_buffer_does_not_stop_another_namespace_on_its_partition(pipe: Pi
         COMBEE_BS_CANDIDATES="[50]", COMBEE_MAX_WAIT_S="6",
     )  # fmt: skip
     pipe.publish_traces(crowd + quiet)  # "quiet" behind every trace of "full" on the partition
-    pipe.wait_learned({full: 12, other: 4})
+    pipe.wait_learned({full: 12, other: 4}, LEARN_S)
 
     full_records, other_records = pipe.deltas(full), pipe.deltas(other)
     assert [r.trace_count for r in full_records] == [4, 4, 4]
