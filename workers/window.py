@@ -2,7 +2,8 @@
 
 A trace's offset is acknowledged only after the window holding it has been written to the windows topic
 (acks=all) and the outcome it reports for its playbook version is counted (workers/outcomes.py), so a crash
-loses no trace and no count; re-formed overlapping windows are resolved by the map stage.
+loses no trace and no count; re-formed overlapping windows are resolved by the map stage. Namespaces: within a
+cap, idle ones let go (workers/tenancy.py); a full buffer holds back its namespace, not its partition (holdback).
 """
 
 from __future__ import annotations
