@@ -25,6 +25,7 @@ def pipe(tmp_path: Path) -> Iterator[Pipeline]:
     p = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
     p.start_sim(start_timeout_s=START_S)
     try:
+        p.create_topics()  # as a deployment does: a publish before the worker's own creation would fail
         yield p
     finally:
         p.close()
