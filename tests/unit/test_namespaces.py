@@ -38,16 +38,11 @@ def test_a_namespace_is_evicted_exactly_at_its_idle_time() -> None:
     assert idle_out([use], now=70.0, idle_s=30.0) == ["a"]
 
 
-uses_st = st.lists(
-    st.builds(
-        NamespaceUse,
-        namespace=st.text("abcd", min_size=1, max_size=3),
-        busy=st.booleans(),
-        last_active=st.floats(0, 1000),
-    ),
-    max_size=12,
-    unique_by=lambda u: u.namespace,  # one use per namespace, as a worker has one runtime per namespace
-)
+NAMES = ("a", "b", "c", "d", "e", "f", "g", "h")
+# one use per namespace, as a worker has one runtime per namespace
+uses_st = st.dictionaries(
+    st.sampled_from(NAMES), st.tuples(st.booleans(), st.floats(0, 1000)), max_size=len(NAMES)
+).map(lambda d: [NamespaceUse(ns, busy, at) for ns, (busy, at) in d.items()])
 
 
 @given(uses_st, st.floats(0, 2000), st.floats(0, 500))
