@@ -113,12 +113,12 @@ class Pipeline:
         }
         return env
 
-    def create_topics(self) -> None:
+    def create_topics(self, timeout_s: float = 120.0) -> None:
         """``combee topics create`` with this pipeline's settings, as a deployment does before any worker or
         publisher starts (a publisher that finds no topic fails at once: it does not wait for a worker)."""
         done = subprocess.run(
             [sys.executable, "-m", "combee.cli", "topics", "create"], env=self.env(), capture_output=True,
-            text=True, timeout=120, check=False,
+            text=True, timeout=timeout_s, check=False,
         )  # fmt: skip
         assert done.returncode == 0, f"combee topics create failed ({done.returncode}): {done.stderr}"
 

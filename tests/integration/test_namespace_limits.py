@@ -14,7 +14,7 @@ from tests.integration.pipeline import Pipeline, Worker
 from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip
 from tests.support import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 #: Generous bounds for a loaded machine: they are how long a test waits, never what it measures.
 START_S, LEARN_S = 300.0, 900.0
@@ -25,7 +25,7 @@ def pipe(tmp_path: Path) -> Iterator[Pipeline]:
     p = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
     p.start_sim(start_timeout_s=START_S)
     try:
-        p.create_topics()  # as a deployment does: a publish before the worker's own creation would fail
+        p.create_topics(START_S)  # as a deployment does: a publish before the worker's own creation would fail
         yield p
     finally:
         p.close()
