@@ -90,6 +90,16 @@ class Metrics(Protocol):
         """A promotion decision was applied (``action``: promote, reject, rollback; ``by``: operator, canary,
         outcomes), combee/promotion.py."""
 
+    def namespaces_live(self, count: int) -> None:
+        """The worker now holds ``count`` namespaces in memory (capped by ``COMBEE_MAX_NAMESPACES``)."""
+
+    def namespace_evicted(self, namespace: str) -> None:
+        """``namespace`` was idle with nothing buffered or in flight and its in-memory state was let go."""
+
+    def trace_held(self, namespace: str) -> None:
+        """A trace arrived while its namespace's window buffer was full: held back (offset kept, read again from
+        Kafka when there is room) instead of stopping its partition."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -152,6 +162,15 @@ class NoMetrics:
         pass
 
     def promotion_decision(self, namespace: str, action: str, by: str) -> None:
+        pass
+
+    def namespaces_live(self, count: int) -> None:
+        pass
+
+    def namespace_evicted(self, namespace: str) -> None:
+        pass
+
+    def trace_held(self, namespace: str) -> None:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:

@@ -27,6 +27,7 @@ from combee.labels import OTHER, BoundedLabels
 from combee.llm import Role
 from combee.meter import Meter
 from combee.metrics import LLMPrices
+from combee.namespaces import NAMESPACE_LIMIT_KIND
 from combee.outcomes import OUTCOMES, OutcomeCounts
 from combee.quotas import QUOTA_KIND
 
@@ -153,6 +154,24 @@ class PrometheusMetrics:
             ["namespace", "action", "by"],
             registry=r,
         )
+        self._live = Gauge(
+            "combee_namespaces_live",
+            "Namespaces this worker holds in memory (COMBEE_MAX_NAMESPACES caps it; idle ones are evicted).",
+            registry=r,
+        )
+        self._evicted = Counter(
+            "combee_namespaces_evicted",
+            "Namespaces let go after COMBEE_NAMESPACE_IDLE_S with nothing buffered or in flight (rebuilt from Kafka "
+            "when they come back).",
+            registry=r,
+        )
+        self._traces_held = Counter(
+            "combee_traces_held",
+            "Traces held back because their namespace's window buffer was full (read again from Kafka when there "
+            "is room); the other namespaces of the partition go on.",
+            ["namespace"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -244,11 +263,12 @@ class PrometheusMetrics:
 
     def namespace_seen(self, namespace: str) -> None:
         label = self._ns(namespace)
-        for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND):
+        for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND, NAMESPACE_LIMIT_KIND):
             self._traces.labels(label, "dead_lettered", reason)
         if label:
             self._fenced.labels(label)
             self._moved.labels(label)
+            self._traces_held.labels(label)
             for reason in GUARD_REASONS:
                 self._quarantined.labels(label, reason)
 
@@ -275,6 +295,15 @@ class PrometheusMetrics:
         self._decisions.labels(
             self._ns(namespace), known, by if by in ("operator", "canary", "outcomes") else "other"
         ).inc()
+
+    def namespaces_live(self, count: int) -> None:
+        self._live.set(count)
+
+    def namespace_evicted(self, namespace: str) -> None:
+        self._evicted.inc()
+
+    def trace_held(self, namespace: str) -> None:
+        self._traces_held.labels(self._ns(namespace)).inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

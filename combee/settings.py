@@ -107,6 +107,16 @@ class Settings(StreamSettings):
     quota_namespace_burst: int = Field(default=10_000, ge=1)
     quota_producer_per_s: float = Field(default=20.0, ge=0, allow_inf_nan=False)
     quota_producer_burst: int = Field(default=5_000, ge=1)
+    # Namespaces one worker holds in memory at once; a trace of a new namespace past the cap is dead-lettered
+    # (reason namespace_limit). A namespace with nothing buffered or in flight for namespace_idle_s seconds is
+    # let go (its learning lives in Kafka and is read back when its next trace comes).
+    max_namespaces: int = Field(default=1_000, ge=1)
+    namespace_idle_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    # Traces one namespace may have waiting for its windows; past it, its later traces are held back (only their
+    # offsets kept; read again from Kafka when there is room) and the partition's other namespaces go on.
+    # held_max: offsets held back per traces partition before that partition waits (the last resort).
+    namespace_buffer: int = Field(default=4_096, ge=1)
+    held_max: int = Field(default=100_000, ge=1)
 
     # --- corroboration (docs/security.md, "Corroboration and caps"; combee/corroborate.py) ---
     # A new bullet, and an UPDATE or REMOVE of an established bullet (found helpful at least

@@ -163,6 +163,10 @@ def create_app(
         bs_default=settings.bs_default,
         curate_concurrency=settings.curate_concurrency,
         reflect_task_size=settings.reflect_task_size,
+        buffer_limit=settings.namespace_buffer,
+        held_limit=settings.held_max,
+        max_namespaces=settings.max_namespaces,
+        namespace_idle_s=settings.namespace_idle_s,
         control_key=control_key(settings),
         promotion=promotion_config(settings),
     )
@@ -293,6 +297,7 @@ def _forget(ctx: StageContext, revoked: Iterable[Any]) -> None:
         if tp.topic == topics.traces:
             for rt in ctx.runtimes.values():
                 rt.buffers.pop(tp.partition, None)
+                rt.held.pop(tp.partition, None)
             if ctx.outcomes is not None:
                 ctx.outcomes.forget(tp.partition)
         if tp.topic == topics.partials:
@@ -306,3 +311,4 @@ def _forget(ctx: StageContext, revoked: Iterable[Any]) -> None:
                     if rt.mapper is not None:
                         rt.mapper.cancel()
                     del ctx.runtimes[ns]
+            ctx.metrics.namespaces_live(len(ctx.runtimes))

@@ -56,7 +56,10 @@ class StageConfig:
     curate_concurrency: int = 8
     reflect_task_size: int = 8  # traces per reflection task (combee.fanout.task_slices)
     window_max_bytes: int = 6 * 1024 * 1024
-    buffer_limit: int = 4096  # traces buffered per namespace before the window stage stops pulling
+    buffer_limit: int = 4096  # traces buffered per namespace; past it, its traces are held back (workers/holdback.py)
+    held_limit: int = 100_000  # offsets held back per traces partition before the window stage stops pulling
+    max_namespaces: int = 1000  # live namespaces (runtimes) per worker; a new one past it is dead-lettered
+    namespace_idle_s: float = 600.0  # a namespace quiet this long with nothing buffered or in flight is evicted
     retry_max_s: float = 30.0
     control_key: bytes | None = None  # COMBEE_CONTROL_KEY: control records must be signed with it (None: not checked)
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
@@ -145,6 +148,7 @@ class StageContext:
             )
             self.runtimes[namespace] = rt
             self.metrics.namespace_seen(namespace)
+            self.metrics.namespaces_live(len(self.runtimes))
         return rt
 
     async def send(self, topic: str, key: str, envelope: Envelope, partition: int | None = None) -> int:

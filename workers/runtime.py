@@ -101,6 +101,9 @@ class NamespaceRuntime:
     controller: BatchSizeController
     # window stage (per source partition buffers: traces may arrive on any partition)
     buffers: dict[int, list[Buffered]] = field(default_factory=dict)
+    # offsets held back per source partition while the buffer was full, oldest first (workers/holdback.py)
+    held: dict[int, deque[int]] = field(default_factory=dict)
+    last_active: float = field(default_factory=time.monotonic)  # last trace taken or window applied
     # ids of windows closed by this process that the map stage has not yet seen (accepted or dropped as a
     # duplicate): a set, not a counter, so that a window closed by an earlier process and redelivered here
     # cannot release a slot it never took, and every path through the map stage releases the one it did
@@ -164,6 +167,9 @@ class NamespaceRuntime:
 
     def buffered(self) -> int:
         return sum(len(b) for b in self.buffers.values())
+
+    def held_back(self) -> int:
+        return sum(len(h) for h in self.held.values())
 
     def arrival_rate(self, now: float | None = None, horizon_s: float = 60.0) -> float:
         """Traces per second over the last ``horizon_s`` seconds (0 when idle)."""

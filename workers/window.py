@@ -2,7 +2,8 @@
 
 A trace's offset is acknowledged only after the window holding it has been written to the windows topic
 (acks=all) and the outcome it reports for its playbook version is counted (workers/outcomes.py), so a crash
-loses no trace and no count; re-formed overlapping windows are resolved by the map stage.
+loses no trace and no count; re-formed overlapping windows are resolved by the map stage. Namespaces: within a
+cap, idle ones let go (workers/tenancy.py); a full buffer holds back its namespace, not its partition (holdback).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from combee.windowing import close_size
 from streams.codec import CodecError, decode_trace
 from streams.envelopes import WindowEnvelope
 from workers.context import StageContext
+from workers.holdback import hold, must_hold, refill, wait_for_room
 from workers.runtime import Buffered, NamespaceRuntime
+from workers.tenancy import admit, evict_idle, in_flight
 
-__all__ = ["close_due_windows", "closer_loop", "handle_trace", "namespace_label"]
+__all__ = ["close_due_windows", "closer_loop", "handle_trace", "in_flight", "namespace_label"]
 
 log = logging.getLogger("combee.worker.window")
 
@@ -46,28 +49,32 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         ctx.metrics.trace_forgotten(trace.namespace)  # acknowledged, never learned
         await ctx.acks.done(event)
         return
-    rt = ctx.runtime(trace.namespace)
-    if msg.partition != rt.partition:
+    home = ctx.home_partition(trace.namespace)
+    if msg.partition != home:
         # Keyed by something other than the namespace: move it to the namespace's partition, where the
         # namespace's window, map and combine stages live (one owner per namespace).
-        await ctx.io.send(ctx.topics.traces, trace.namespace.encode(), msg.value, rt.partition)
+        await ctx.io.send(ctx.topics.traces, trace.namespace.encode(), msg.value, home)
         ctx.metrics.trace_moved(trace.namespace)
         await ctx.acks.done(event)
         return
-    if not await _within_quota(ctx, trace, msg):
+    rt = await admit(ctx, trace.namespace, msg)
+    if rt is None or not await _within_quota(ctx, trace, msg):
         await ctx.acks.done(event)
         return
     rt.traces_seen += 1
+    rt.last_active = time.monotonic()
+    rt.arrivals.append(rt.last_active)
+    if must_hold(ctx, rt, msg.partition):
+        # Backpressure per namespace (workers/holdback.py): the namespace waits, its partition goes on.
+        hold(ctx, rt, event)
+        await wait_for_room(ctx, msg.partition)
+        return
     if ctx.outcomes is not None:
         ctx.outcomes.note(trace.namespace, msg.partition, observe(msg.offset, trace))
-    rt.arrivals.append(time.monotonic())
     rt.buffers.setdefault(msg.partition, []).append(
-        Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic())
+        Buffered(msg.offset, trace, event, len(msg.value or b""), rt.last_active)
     )
     ctx.wake.set()
-    # Backpressure: stop pulling while the buffer is full; windows drain it from other tasks.
-    while rt.buffered() >= ctx.config.buffer_limit:  # noqa: ASYNC110
-        await asyncio.sleep(0.05)
 
 
 async def _within_quota(ctx: StageContext, trace: Trace, msg: Any) -> bool:
@@ -103,12 +110,6 @@ def namespace_label(key: bytes | None) -> str:
         return validate_namespace(key.decode("utf-8")) if key else ""
     except (UnicodeDecodeError, InvalidNamespace):
         return ""
-
-
-def in_flight(ctx: StageContext, rt: NamespaceRuntime) -> int:
-    snap = ctx.snapshots.get(rt.namespace)
-    applied = snap.next_seq if snap is not None else 0
-    return rt.closed_pending + max(0, rt.accepted_seq + 1 - applied)
 
 
 async def close_due_windows(ctx: StageContext, now: float | None = None) -> int:
@@ -178,13 +179,20 @@ async def _close(
 
 
 async def closer_loop(ctx: StageContext, tick_s: float = 0.1) -> None:
-    """Background task: close due windows when woken (new trace, window applied) or every ``tick_s``."""
+    """Background task: close due windows when woken (new trace, window applied) or every ``tick_s``; read back
+    what was held back once there is room; let idle namespaces go (about once a second)."""
+    evicted_at = time.monotonic()
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ctx.wake.wait(), timeout=tick_s)
         ctx.wake.clear()
         try:
             await close_due_windows(ctx)
+            if await refill(ctx):
+                await close_due_windows(ctx)
+            if time.monotonic() - evicted_at >= min(1.0, ctx.config.namespace_idle_s / 4):
+                evicted_at = time.monotonic()
+                evict_idle(ctx, evicted_at)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -90,9 +90,9 @@ class Pipeline:
     def keys(self) -> RedisKeys:
         return RedisKeys(self.prefix)
 
-    def start_sim(self, **config: Any) -> SimProcess:
+    def start_sim(self, start_timeout_s: float = 30.0, **config: Any) -> SimProcess:
         self.sim = SimProcess(SimConfig(seed=self.sim_seed, time_scale=self.time_scale, **config), world="combee")
-        self.sim.start()
+        self.sim.start(start_timeout_s)
         return self.sim
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -116,12 +116,12 @@ class Pipeline:
         }
         return env
 
-    def create_topics(self) -> None:
+    def create_topics(self, timeout_s: float = 120.0) -> None:
         """``combee topics create`` with this pipeline's settings, as a deployment does before any worker or
         publisher starts (a publisher that finds no topic fails at once: it does not wait for a worker)."""
         done = subprocess.run(
             [sys.executable, "-m", "combee.cli", "topics", "create"], env=self.env(), capture_output=True,
-            text=True, timeout=120, check=False,
+            text=True, timeout=timeout_s, check=False,
         )  # fmt: skip
         assert done.returncode == 0, f"combee topics create failed ({done.returncode}): {done.stderr}"
 

@@ -243,3 +243,20 @@ def test_quarantined_bullets_are_counted_by_a_bounded_reason() -> None:
     reasons = {dict(labels)["reason"] for name, labels in s if name == "combee_bullets_quarantined_total"}
     assert reasons == {"markup", "url", "email", "credential", "card_number", "agent_control", "answer_tampering",
                        "other"}  # fmt: skip
+
+
+def test_live_namespaces_evictions_and_held_traces_are_reported() -> None:
+    m = PrometheusMetrics(max_namespaces=1)
+    m.namespace_seen("alpha")
+    m.namespaces_live(3)
+    m.namespace_evicted("alpha")
+    m.namespace_evicted("beta")
+    m.trace_held("alpha")
+    m.trace_held("beta")  # past the label limit: counted under "(other)"
+    s = samples(m.render())
+    assert value(s, "combee_namespaces_live") == 3
+    assert value(s, "combee_namespaces_evicted_total") == 2
+    assert value(s, "combee_traces_held_total", namespace="alpha") == 1
+    assert value(s, "combee_traces_held_total", namespace="(other)") == 1
+    # the cap's dead letters have a series at 0 once the namespace is taken on
+    assert value(s, "combee_traces_total", namespace="alpha", outcome="dead_lettered", reason="namespace_limit") == 0

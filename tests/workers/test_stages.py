@@ -92,6 +92,9 @@ class Publisher:
         self.offers.append((namespace, version))
         return True
 
+    def pending_version(self, namespace: str) -> int | None:
+        return None  # every offer is taken at once
+
 
 def learner(kafka: MemoryKafka, llm: Any, partitions: int = 2, method: MethodConfig | None = None) -> StageContext:
     topics = Topics(prefix="t", partitions=partitions)
