@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,9 @@ def test_publish_prompt_history_rollback_and_status(pipe: Pipeline, tmp_path: Pa
     assert as_json["version"] == version
 
     history = combee(pipe, "prompt", "history", "ns-cli").stdout.splitlines()
-    assert [int(line.split()[0][1:]) for line in history] == list(range(version, 0, -1))
+    assert history[-1].startswith("policy direct:"), history  # the promotion summary last (docs/promotion.md)
+    versions = [line for line in history if re.match(r"v\d", line)]
+    assert [int(line.split()[0][1:]) for line in versions] == list(range(version, 0, -1))
 
     watched = combee(pipe, "prompt", "watch", "ns-cli", "--count", "1", "--versions-only").stdout
     assert f"--- version {version} " in watched
