@@ -273,6 +273,9 @@ class PrometheusMetrics:
                 self._quarantined.labels(label, reason)
 
     def trace_moved(self, namespace: str) -> None:
+        # a moved trace may be the first this worker sees of its namespace (it is admitted on its home partition,
+        # perhaps by another worker): its series exist from here on, as for a namespace admitted here
+        self.namespace_seen(namespace)
         self._moved.labels(self._ns(namespace)).inc()
 
     def control_refused(self, reason: str) -> None:

@@ -341,7 +341,7 @@ def _within_budget(version: int, next_id: int, bullets: list[Bullet], policy: Ap
         return estimate_tokens(text + "\n")
 
     def cost(b: Bullet) -> int:
-        own = line(_render_bullet(b))
+        own = line(bullet_line(b))
         return own if _id_number(b.id) < mark else own + 1 + line(_section_heading(b.section))
 
     fixed = line(_header()) + 1 + line(_NEWER) + 1 + line(_footer(version))
@@ -463,7 +463,7 @@ def _section_heading(section: str) -> str:
     return f"## {section.replace('_', ' ')}"
 
 
-def _render_bullet(b: Bullet, lesson: Callable[[str], str] = one_line_lesson) -> str:
+def bullet_line(b: Bullet, lesson: Callable[[str], str] = one_line_lesson) -> str:
     # one line whatever the store holds (combee.guard put every learned text on one line; an older snapshot,
     # or a tampered one, may not have been): a bullet cannot start a heading or a forged bullet of its own
     return f"- [{b.id}] {lesson(b.content)}"
@@ -492,7 +492,7 @@ def render_prompt(
     for section, members in by_section.items():
         lines.append("")
         lines.append(_section_heading(section))
-        lines.extend(_render_bullet(b, lesson) for b in members)
+        lines.extend(bullet_line(b, lesson) for b in members)
     if newer and settled:
         lines += ["", _NEWER]
     previous = None
@@ -500,7 +500,7 @@ def render_prompt(
         if b.section != previous:
             lines += ["", _section_heading(b.section)]
             previous = b.section
-        lines.append(_render_bullet(b, lesson))
+        lines.append(bullet_line(b, lesson))
     if note:
         lines += ["", note]
     lines += ["", _footer(playbook.version)]

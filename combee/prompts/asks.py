@@ -210,7 +210,9 @@ def reflector_ask(
         trace_json = whole
         if len(whole) > room_chars > 0:
             trace_json = data_json(fit_payload(payload, room_chars)[0])
-    view, messages, budget = fit_to_context(playbook, build, context_tokens, wanted=max_tokens, minimum=minimum)
+    view, messages, budget = fit_to_context(
+        playbook, build, context_tokens, wanted=max_tokens, minimum=minimum, data=True
+    )
     ids = view.ids
     request = ChatRequest(
         role=Role.REFLECTOR,
@@ -298,7 +300,9 @@ def curator_ask(
         return chat_messages(system, user)
 
     minimum = CURATOR_TOKENS[1]
-    view, messages, budget = fit_to_context(playbook, build, context_tokens, wanted=max_tokens, minimum=minimum)
+    view, messages, budget = fit_to_context(
+        playbook, build, context_tokens, wanted=max_tokens, minimum=minimum, data=True
+    )
     ids = view.ids
     request = ChatRequest(
         role=Role.CURATOR,
@@ -372,7 +376,9 @@ def merger_ask(
         return chat_messages(prompts.merger_system, user)
 
     minimum = MERGER_TOKENS[1]
-    view, messages, budget = fit_to_context(playbook, build, context_tokens, wanted=max_tokens, minimum=minimum)
+    view, messages, budget = fit_to_context(
+        playbook, build, context_tokens, wanted=max_tokens, minimum=minimum, data=True
+    )
     bullet_ids = target_ids(view)
     request = ChatRequest(
         role=Role.MERGER,

@@ -25,7 +25,7 @@ from combee.models import (
     Playbook,
     Trace,
 )
-from combee.playbook import render_prompt
+from combee.playbook import bullet_line, render_prompt
 from combee.prompts.templates import DEFAULT_PROMPTS, PromptSet
 from combee.sizing import MARGIN_TOKENS, completion_budget, prompt_tokens, select_bullets
 
@@ -199,12 +199,15 @@ def fit_to_context(
     wanted: int,
     minimum: int,
     reserve: int = 0,
+    data: bool = False,
 ) -> tuple[PlaybookView, tuple[ChatMessage, ...], int]:
     """The view, messages and ``max_tokens`` of a request sized to ``context_tokens`` (None: unsized).
 
     The whole playbook is shown when it fits with at least ``minimum`` completion tokens; otherwise the
     best-scoring bullets that do. ``reserve`` tokens are counted on top of the prompt (a stand-in for a
-    variable part, so the view stays the same for every short enough variable part).
+    variable part, so the view stays the same for every short enough variable part). ``data``: ``build`` writes
+    the bullets as :func:`lesson_data` (as :meth:`PlaybookView.text` with ``data=True``), so a bullet is costed
+    at that longer line.
     """
     full = playbook_view(playbook)
     messages = build(full)
@@ -215,8 +218,15 @@ def fit_to_context(
     if estimate + floor + MARGIN_TOKENS > context_tokens and playbook.bullets:
         fixed = prompt_tokens(message_contents(build(playbook_view(playbook, ())))) + reserve
         room = context_tokens - fixed - floor - MARGIN_TOKENS
-        shown = select_bullets(playbook.bullets, max(room, 0))
-        full = playbook_view(playbook, shown)
-        messages = build(full)
-        estimate = prompt_tokens(message_contents(messages)) + reserve
+        lesson = lesson_data if data else one_line_lesson
+        lines = [bullet_line(b, lesson) for b in playbook.bullets]
+        while True:  # the subset note's numbers can cost a token more than the empty view's: shrink until it fits
+            shown = select_bullets(playbook.bullets, max(room, 0), bullet_line=lines)
+            full = playbook_view(playbook, shown)
+            messages = build(full)
+            estimate = prompt_tokens(message_contents(messages)) + reserve
+            over = estimate + floor + MARGIN_TOKENS - context_tokens
+            if over <= 0 or not shown:
+                break
+            room -= over
     return full, messages, completion_budget(context_tokens, estimate, wanted, minimum=minimum)

@@ -75,7 +75,7 @@ def test_no_context_means_the_whole_playbook_and_the_wanted_tokens() -> None:
 
 def test_a_context_too_small_for_anything_raises_with_the_numbers() -> None:
     with pytest.raises(ContextTooSmall, match="does not fit the model's context"):
-        reflector_ask(TRACE.model_copy(update={"task": "x" * 8000}), BIG, context_tokens=2048)
+        reflector_ask(TRACE.model_copy(update={"task": "x" * 8000}), BIG, context_tokens=1024)
 
 
 def test_the_generator_prefix_is_the_same_for_every_short_task() -> None:

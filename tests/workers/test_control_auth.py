@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -122,6 +123,9 @@ def test_combee_prompt_rollback_signs_with_the_configured_key(
 
         def get(self) -> PublishedPrompt:
             return PublishedPrompt(NS, next(self.versions), "p", "{}")
+
+        def watch(self, timeout: float, after: int) -> Iterator[PublishedPrompt]:
+            yield self.get()
 
     monkeypatch.setattr(kafka, "KafkaProducer", Producer)
     monkeypatch.setattr(streams.kafka_config, "require_kafka", lambda settings: None)
