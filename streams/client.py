@@ -27,6 +27,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import redis
@@ -149,6 +150,20 @@ class _ClientBase:
     def _describe(self, exc: BaseException) -> str:
         return describe_error(exc, self._secrets)
 
+    def _resolve(self, raw_state: Any, raw_head: Any, raw_announced: Sequence[Any], announced: int | None) -> _Served:
+        """What the one pipelined read (serving state, head, and the ``announced`` version when given) says to
+        serve, and which version key is still to be read, if any (the sync and async clients do that read)."""
+        state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
+        self._direct = state.policy == "direct"
+        is_head, other = self._pick(state, head, announced)
+        if is_head:
+            return _Served(state.serial, head)
+        if other is not None and other == announced and raw_announced:
+            return _Served(state.serial, _prompt_version(self.namespace, raw_announced[0]) or head)
+        fallback = head if announced is not None else None
+        read = self.keys.version(self.namespace, other) if other is not None else None
+        return _Served(state.serial, fallback, read)
+
     def _pick(self, state: Serving, head: PromptVersion | None, announced: int | None) -> tuple[bool, int | None]:
         """Given the serving state and the head: (True, None) when the head is what to serve (or None when head
         is None), (False, V) when version V must be read (None: nothing is served). ``announced``: under
@@ -160,6 +175,16 @@ class _ClientBase:
         if head is None or target == head.version:
             return True, None
         return False, target
+
+
+@dataclass(frozen=True)
+class _Served:
+    """:meth:`_ClientBase._resolve`'s answer: the serving serial, and the prompt to serve, which is what reading
+    ``read`` (a version key) finds when that is set and finds something, else ``otherwise``."""
+
+    serial: int
+    otherwise: PromptVersion | None
+    read: str | None = None
 
 
 def _keys_from(keys: RedisKeys | None, key_prefix: str | None) -> RedisKeys | None:
@@ -250,15 +275,9 @@ class PromptClient(_ClientBase):
         if announced is not None:  # under direct, what a watch yields: read in the same round trip
             pipe.hmget(self.keys.version(self.namespace, announced), _FIELDS)
         raw_state, raw_head, *raw_announced = pipe.execute()
-        state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
-        self._direct = state.policy == "direct"
-        is_head, other = self._pick(state, head, announced)
-        if is_head:
-            return state.serial, head
-        if other is not None and other == announced and raw_announced:
-            return state.serial, _prompt_version(self.namespace, raw_announced[0]) or head
-        found = self._read(self.keys.version(self.namespace, other)) if other is not None else None
-        return state.serial, found or (head if announced is not None else None)
+        served = self._resolve(raw_state, raw_head, raw_announced, announced)
+        found = self._read(served.read) if served.read is not None else None
+        return served.serial, found or served.otherwise
 
     def get(self) -> PromptVersion:
         """The newest prompt this client knows, refreshed from Redis when the copy is older than ``max_age_s``.
@@ -471,15 +490,9 @@ class AsyncPromptClient(_ClientBase):
             if announced is not None:
                 pipe.hmget(self.keys.version(self.namespace, announced), _FIELDS)
             raw_state, raw_head, *raw_announced = await pipe.execute()
-        state, head = parse_serving(raw_state), _prompt_version(self.namespace, raw_head)
-        self._direct = state.policy == "direct"
-        is_head, other = self._pick(state, head, announced)
-        if is_head:
-            return state.serial, head
-        if other is not None and other == announced and raw_announced:
-            return state.serial, _prompt_version(self.namespace, raw_announced[0]) or head
-        found = await self._read(self.keys.version(self.namespace, other)) if other is not None else None
-        return state.serial, found or (head if announced is not None else None)
+        served = self._resolve(raw_state, raw_head, raw_announced, announced)
+        found = await self._read(served.read) if served.read is not None else None
+        return served.serial, found or served.otherwise
 
     async def get(self) -> PromptVersion:
         """See :meth:`PromptClient.get`."""
