@@ -21,13 +21,14 @@ import time
 from typing import Any, cast
 
 from combee.corroborate import corroborate_tags
-from combee.engine import finish_ops, merge
+from combee.engine import finish_ops
 from combee.evidence import explain_delta
 from combee.llm import Role
 from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
 from combee.quarantine import quarantined
+from combee.roles import merge
 from combee.scan import ReadyNode, ReduceTracker
 from streams.control_auth import refusal
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan

@@ -10,9 +10,9 @@ import asyncio
 import logging
 from typing import Any
 
-from combee.engine import curate
 from combee.llm import Role
 from combee.meter import Meter
+from combee.roles import curate
 from streams.envelopes import GroupTask, Partial
 from workers.context import StageContext
 from workers.pool import take_task

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from combee.engine import reflect
 from combee.llm import Role
 from combee.meter import Meter
+from combee.roles import reflect
 from streams.envelopes import Reflected, ReflectTask
 from workers.context import StageContext
 from workers.pool import take_task

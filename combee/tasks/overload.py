@@ -28,10 +28,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from combee.embeddings import NearDuplicates
-from combee.engine import Method, MethodConfig, Window, WindowResult, reduce_window, reflect
+from combee.engine import Method, MethodConfig, Window, WindowResult, reduce_window
 from combee.meter import Meter
 from combee.models import Playbook, Reflection, Trace
 from combee.quality import Bloat, bloat
+from combee.roles import reflect
 from combee.screen import REASONS
 from combee.tasks.agent import answer_all, to_trace
 from combee.tasks.data import Question

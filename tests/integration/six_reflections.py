@@ -20,10 +20,10 @@ import sys
 from combee.dedup import DEFAULT_THRESHOLD, conflict
 from combee.embed_local import MiniLMEmbedder
 from combee.embeddings import NearDuplicates
-from combee.engine import curate
 from combee.meter import Meter
 from combee.models import AddOp, Delta, Insight, Playbook, Reflection
 from combee.playbook import apply_delta
+from combee.roles import curate
 from combee.settings import Settings
 from combee.wiring import build_llm
 

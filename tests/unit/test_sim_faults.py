@@ -15,11 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from combee.engine import reflect
 from combee.llm import Role
 from combee.llm_openai import EndpointConfig, OpenAILLM
 from combee.meter import Meter
 from combee.models import Playbook, Trace
+from combee.roles import reflect
 from combee.sim.config import SimConfig
 from combee.sim.faults import FaultKind, Malformation, broken_json, draw_fault, malform, retry_after_headers
 from combee.sim.generic import Answer, ToolCall
