@@ -22,7 +22,7 @@ from combee.llm import LLM
 from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
-from combee.wiring import build_quotas, promotion_config
+from combee.wiring import build_quotas, identity_policy, promotion_config
 from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
@@ -150,6 +150,12 @@ def create_app(
             "set it on workers and operators (docs/security.md)",
             topics.partials,
         )
+    identity = identity_policy(settings)
+    log.info(
+        "producer identity: %d producer keys; unsigned traces refused in %s",
+        len(identity.keys),
+        ", ".join(sorted(identity.require_signed)) or "no namespace",
+    )
     config = StageConfig(
         topics=topics,
         method=method,
@@ -168,6 +174,7 @@ def create_app(
         max_namespaces=settings.max_namespaces,
         namespace_idle_s=settings.namespace_idle_s,
         control_key=control_key(settings),
+        identity=identity,
         promotion=promotion_config(settings),
     )
     ctx = StageContext(

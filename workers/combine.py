@@ -228,6 +228,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         ops=ops,
         tag_counts=tags,
         trace_count=plan.trace_count,
+        verified_producers=plan.verified_producers,
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
     held = quarantined(rt.namespace, w.window_id, current.version, finished.quarantined, at=time.time())
