@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from combee.corroborate import Corroboration, PendingLesson, corroborate
 from combee.models import AddOp, Bullet, Delta, Playbook, Provenance, UpdateOp
 from combee.playbook import apply_delta
 from combee.promptdiff import VersionRecord, diff_versions, render_diff
@@ -71,3 +72,21 @@ def test_records_written_before_identity_existed_still_load() -> None:
     assert isinstance(env, WindowEnvelope) and env.verified_producers == {}
     assert WindowPlan.model_fields["verified_producers"].default_factory is dict
     assert Bullet(id="b00001", section="s", content="c", created=Provenance(**prov), updated=Provenance(**prov))
+
+
+def test_a_pending_lesson_keeps_its_verified_producers_until_it_goes_live() -> None:
+    policy = Corroboration(min_traces=2)
+    lesson = "check the order total first"
+    first = corroborate(
+        (AddOp(section="refunds", content=lesson, sources=("t1",)),), (), Playbook(namespace=NS), policy,
+        window_id="w1", at=1.0, producers={"t1": "agent-1"}, verified={"t1": "agent-1"},
+    )  # fmt: skip
+    assert first.ops == () and first.pending[0].verified == {"t1": "agent-1"} and first.verified == {}
+    second = corroborate(
+        (AddOp(section="refunds", content=lesson, sources=("t2",)),), first.pending, Playbook(namespace=NS), policy,
+        window_id="w2", at=2.0, producers={"t2": "bob"}, verified={},
+    )  # fmt: skip
+    assert len(second.ops) == 1 and second.verified == {"t1": "agent-1"}  # bob only claims: not verified
+    stored = {"id": "p0123456789ab", "namespace": NS, "op": "ADD", "first_window": "w", "last_window": "w",
+              "held_at": 1.0, "supported_at": 1.0}  # fmt: skip
+    assert PendingLesson.model_validate(stored).verified == {}  # a pool entry written before identity

@@ -8,6 +8,7 @@ import json
 
 from pydantic import SecretStr
 
+from combee.corroborate import Corroboration
 from combee.identity import SIGNATURE_KEY, IdentityPolicy, ProducerKey, parse_required, sign_trace
 from combee.llm import ChatRequest, Role
 from combee.metrics_prometheus import PrometheusMetrics, sample_sum
@@ -121,3 +122,23 @@ async def test_without_keys_or_requirements_nothing_changes_for_unsigned_traces(
     await run_until_quiet(ctx, kafka, stream, set())
     letters = [decode(m.value or b"") for m in kafka.records(ctx.topics.deadletter)]
     assert [d.reason.split(":")[0] for d in letters if isinstance(d, DeadLetter)] == ["unknown_producer"]
+
+
+async def test_a_lesson_held_for_corroboration_records_the_producers_of_every_window_that_taught_it() -> None:
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = identity_learner(kafka)
+    keys = dict(ctx.config.identity.keys)
+    keys["agent-2"] = ProducerKey("agent-2", SecretStr(STRANGER_KEY), frozenset({"beta"}))
+    method = dataclasses.replace(ctx.config.method, corroboration=Corroboration(min_traces=2))
+    ctx.config = dataclasses.replace(ctx.config, method=method, identity=IdentityPolicy(keys, frozenset()))
+    same_lesson = {"task": "refund only the damaged item"}
+    first = signed(make("beta", 1).model_copy(update=same_lesson))
+    await send(ctx, kafka, stream, [first])
+    await run_until_quiet(ctx, kafka, stream, set())
+    assert ctx.snapshots.get("beta").playbook.bullets == ()  # type: ignore[union-attr]  # pending: one teacher
+    second = signed(make("beta", 2).model_copy(update=same_lesson), "agent-2", STRANGER_KEY)
+    await send(ctx, kafka, stream, [second])
+    await run_until_quiet(ctx, kafka, stream, set())
+    (bullet,) = ctx.snapshots.get("beta").playbook.bullets  # type: ignore[union-attr]
+    assert set(bullet.sources) == {"beta-1", "beta-2"}
+    assert set(bullet.verified_producers) == {"agent-1", "agent-2"}  # agent-1's trace came a window earlier
