@@ -2,7 +2,8 @@
 ``combee publish --producer`` signs a producer's traces with its key (COMBEE_PRODUCER_KEY), the worker verifies
 them against COMBEE_PRODUCER_KEYS_FILE, and ``combee prompt diff`` names the verified producer of what they
 taught; an unsigned trace to the namespace that requires signatures (COMBEE_REQUIRE_SIGNED) is dead-lettered
-with the reason, even when it names that producer."""
+with the reason, even when it names that producer; ``combee replay`` leaves it out too and keeps the verified
+producer of the others."""
 
 from __future__ import annotations
 
@@ -61,3 +62,10 @@ def test_a_signed_traces_lesson_names_its_producer_and_an_unsigned_one_is_dead_l
     assert "verified producers: agent-7" in diff
     as_json = json.loads(_combee(pipe, "prompt", "diff", NS, "--from", "0", "--json").stdout)
     assert {tuple(c["producers"]) for c in as_json["changes"] if c["traces"]} == {("agent-7",)}
+
+    # A replay leaves out what the live run refused and keeps the producers verified for the source namespace.
+    copy = f"{NS}-copy"
+    replayed = _combee(pipe, "replay", "--namespace", NS, "--into", copy, "--wait", "--timeout", "600").stdout
+    assert "replaying 10 traces" in replayed and "2 traces the producer identity policy refuses left out" in replayed
+    copied = [b for b in pipe.published_playbook(copy).bullets if b.sources]
+    assert copied and all(b.verified_producers == ("agent-7",) for b in copied)
