@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import faust
 
+from combee.identity import IdentityPolicy
 from combee.llm import LLM
 from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
@@ -105,12 +106,14 @@ def create_app(
     dedup: NearDuplicates | None = None,
     metrics: Metrics | None = None,
     health: HealthWatch | None = None,
+    identity: IdentityPolicy | None = None,
 ) -> tuple[faust.App, StageContext]:
     """Build the app and the stages' shared context (nothing connects until the worker starts).
 
     ``metrics`` (None: off) receives the stages' reports, the versions the publisher sees in Redis and, every
     few seconds, the consumer lag of the assigned partitions. ``health`` (None: off) is checked at start and
     every ``settings.health_interval_s`` seconds and told of every LLM step's outcome; its report goes to Redis.
+    ``identity`` (None: from the settings, :func:`combee.wiring.identity_policy`) is who may sign traces.
     """
     roles = set(roles)
     topics = Topics(settings.topic_prefix, settings.partitions, traces_retention_ms=settings.traces_retention_ms)
@@ -150,7 +153,7 @@ def create_app(
             "set it on workers and operators (docs/security.md)",
             topics.partials,
         )
-    identity = identity_policy(settings)
+    identity = identity if identity is not None else identity_policy(settings)
     log.info(
         "producer identity: %d producer keys; unsigned traces refused in %s",
         len(identity.keys),

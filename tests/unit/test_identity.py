@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
@@ -164,3 +165,20 @@ def test_a_signer_needs_both_an_id_and_a_key() -> None:
     for producer, key in (("agent-1", None), (None, KEY), ("agent-1", "short"), ("a b", KEY)):
         with pytest.raises(ConfigError):
             TraceSigner.of(producer, key)
+
+
+def test_the_worker_reads_its_keys_file_once_at_start(tmp_path: Path) -> None:
+    from combee.settings import Settings
+    from combee.wiring import identity_policy
+
+    assert identity_policy(Settings()) == IdentityPolicy()  # the default: no key, nothing required
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"agent-1": {"key": KEY, "namespaces": ["support"]}}))
+    p = identity_policy(Settings(producer_keys_file=keys, require_signed=" support, billing "))  # type: ignore[call-arg]
+    assert set(p.keys) == {"agent-1"} and p.require_signed == {"support", "billing"}
+    for text in ("", json.dumps({"agent-1": {"key": "short", "namespaces": ["x"]}})):
+        keys.write_text(text)
+        with pytest.raises(ConfigError, match=f"COMBEE_PRODUCER_KEYS_FILE {keys}"):
+            identity_policy(Settings(producer_keys_file=keys))  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="cannot read it"):
+        identity_policy(Settings(producer_keys_file=tmp_path / "missing.json"))  # type: ignore[call-arg]
