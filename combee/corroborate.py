@@ -95,6 +95,9 @@ class PendingLesson(BaseModel):
     producers: tuple[str, ...] = Field(default=(), max_length=_MAX_TRACES)
     # distinct teachers so far: "p:<producer>" or "t:<trace id>" (what ``min_traces`` counts)
     teachers: tuple[str, ...] = Field(default=(), max_length=_MAX_TRACES)
+    # trace id -> verified producer (combee.identity) of the traces above that were signed: recorded in the bullet
+    # when the lesson goes live, however many windows later
+    verified: dict[str, str] = Field(default_factory=dict, max_length=_MAX_TRACES)
     first_window: Annotated[str, StringConstraints(max_length=256)]
     last_window: Annotated[str, StringConstraints(max_length=256)]
     windows: int = Field(default=1, ge=1)
@@ -119,6 +122,7 @@ class Corroborated:
     resolved: tuple[str, ...] = ()
     held: Mapping[str, int] = field(default_factory=dict)
     changed: tuple[str, ...] = ()  # the pool ids whose entry this window wrote
+    verified: Mapping[str, str] = field(default_factory=dict)  # trace -> verified producer of the lessons gone live
 
 
 def established(playbook: Playbook, bullet_id: str, policy: Corroboration) -> bool:
@@ -189,9 +193,15 @@ def _match(op: DeltaOp, pool: Mapping[str, PendingLesson], similarity: Similarit
 
 
 def _support(
-    entry: PendingLesson | None, op: DeltaOp, producers: Mapping[str, str], window_id: str, at: float, ns: str
+    entry: PendingLesson | None,
+    op: DeltaOp,
+    producers: Mapping[str, str],
+    verified: Mapping[str, str],
+    where: tuple[str, float, str],
 ) -> PendingLesson:
-    """``entry`` (or a new entry for ``op``) with ``op``'s teachers added."""
+    """``entry`` (or a new entry for ``op``) with ``op``'s teachers added; ``where`` is (window id, time,
+    namespace)."""
+    window_id, at, ns = where
     srcs = _sources(op) or (f"window:{window_id}",)
     new_teachers = sorted(teachers(srcs, producers))
     new_producers = [producers[t] for t in srcs if t in producers]
@@ -206,6 +216,7 @@ def _support(
             traces=tuple(dict.fromkeys(srcs))[-_MAX_TRACES:],
             producers=tuple(dict.fromkeys(new_producers))[-_MAX_TRACES:],
             teachers=tuple(new_teachers)[-_MAX_TRACES:],
+            verified=_verified_of(srcs, {}, verified),
             first_window=window_id,
             last_window=window_id,
             held_at=at,
@@ -215,6 +226,7 @@ def _support(
         "traces": tuple(dict.fromkeys((*entry.traces, *srcs)))[-_MAX_TRACES:],
         "producers": tuple(dict.fromkeys((*entry.producers, *new_producers)))[-_MAX_TRACES:],
         "teachers": tuple(dict.fromkeys((*entry.teachers, *new_teachers)))[-_MAX_TRACES:],
+        "verified": _verified_of((*entry.traces, *srcs), entry.verified, verified),
         "supported_at": at,
     }
     if window_id != entry.last_window:
@@ -222,6 +234,13 @@ def _support(
     if isinstance(op, AddOp | UpdateOp):  # the newest wording
         update["content"] = op.content[: LIMITS.bullet_chars]
     return entry.model_copy(update=update)
+
+
+def _verified_of(traces: Sequence[str], known: Mapping[str, str], verified: Mapping[str, str]) -> dict[str, str]:
+    """Trace -> verified producer of the most recent ``_MAX_TRACES`` of ``traces`` (the ones a lesson keeps)."""
+    kept = tuple(dict.fromkeys(traces))[-_MAX_TRACES:]
+    both = {**known, **verified}
+    return {t: both[t] for t in kept if t in both}
 
 
 def _live(entry: PendingLesson, op: DeltaOp) -> DeltaOp:
@@ -252,17 +271,20 @@ def corroborate(
     window_id: str,
     at: float,
     producers: Mapping[str, str] | None = None,
+    verified: Mapping[str, str] | None = None,
     similarity: Similarity | None = None,
 ) -> Corroborated:
     """``ops`` (a window's finished operations against ``playbook``) judged by ``policy`` against the pool
     ``pending`` (module docstring). ``producers`` maps a trace id to its producer (traces not in it are their
-    own teacher); ``similarity`` is the near-duplicate rule over the texts of ``ops`` and ``pending`` (None:
-    equal texts only). Deterministic; the order of ``ops`` is kept for the ones that go live, and a pending
-    lesson that goes live takes the place of the operation that corroborated it."""
+    own teacher), ``verified`` to its verified producer (kept with a pending lesson, returned in
+    ``Corroborated.verified`` when it goes live); ``similarity`` is the near-duplicate rule over the texts of
+    ``ops`` and ``pending`` (None: equal texts only). Deterministic; the order of ``ops`` is kept for the ones
+    that go live, and a pending lesson that goes live takes the place of the operation that corroborated it."""
     if not policy.active and not pending:
         return Corroborated(tuple(ops))
-    producers = producers or {}
+    producers, verified = producers or {}, verified or {}
     similarity = similarity or Similarity()
+    went_live: dict[str, str] = {}
     held: Counter[str] = Counter()
     pool = {e.id: e for e in pending if not _stale(e, playbook)}
     resolved = [e.id for e in pending if e.id not in pool]
@@ -273,9 +295,10 @@ def corroborate(
             live.append(op)
             continue
         key = _match(op, pool, similarity)
-        entry = _support(pool.get(key) if key else None, op, producers, window_id, at, playbook.namespace)
+        entry = _support(pool.get(key) if key else None, op, producers, verified, (window_id, at, playbook.namespace))
         if len(entry.teachers) >= policy.min_traces:
             live.append(_live(entry, op))
+            went_live.update(entry.verified)
             if key is not None:
                 del pool[key]
                 resolved.append(key)
@@ -291,7 +314,8 @@ def corroborate(
             resolved.append(key)
             held["expired"] += 1
     kept = tuple(pool.values())
-    return Corroborated(tuple(live), kept, tuple(resolved), dict(held), tuple(c for c in changed if c in pool))
+    changed_kept = tuple(c for c in changed if c in pool)
+    return Corroborated(tuple(live), kept, tuple(resolved), dict(held), changed_kept, went_live)
 
 
 def corroborate_tags(
@@ -320,6 +344,7 @@ async def corroborate_with(
     dedup: NearDuplicates | None,
     *,
     producers: Mapping[str, str],
+    verified: Mapping[str, str] | None = None,
     window_id: str,
     at: float,
 ) -> Corroborated:
@@ -331,5 +356,6 @@ async def corroborate_with(
         texts += [op.content for op in ops if isinstance(op, AddOp | UpdateOp)]
         similarity = await dedup.similarity(texts)
     return corroborate(
-        ops, pending, playbook, policy, window_id=window_id, at=at, producers=producers, similarity=similarity
-    )
+        ops, pending, playbook, policy, window_id=window_id, at=at, producers=producers, verified=verified,
+        similarity=similarity,
+    )  # fmt: skip

@@ -215,6 +215,7 @@ async def finish_ops(
     *,
     pending: Sequence[PendingLesson] = (),
     producers: Mapping[str, str] | None = None,
+    verified: Mapping[str, str] | None = None,
     window_id: str = "",
     at: float = 0.0,
 ) -> Finished:
@@ -224,7 +225,8 @@ async def finish_ops(
     reduce that proposed them), operations that record a run refused (``config.screen``), ADD sections
     canonical, near duplicates folded into the playbook and into one another (:func:`fold_delta_ops`), and
     last the ones not corroborated yet held in the pending pool ``pending`` (``config.corroboration``,
-    :func:`combee.corroborate.corroborate_with`; ``producers``: trace id -> producer; ``window_id`` and ``at``
+    :func:`combee.corroborate.corroborate_with`; ``producers``: trace id -> producer, ``verified``: trace id
+    -> verified producer; ``window_id`` and ``at``
     stamp new entries).
     Deterministic given the embedder's vectors; what it returns is what gets applied and logged, so applying it
     again (a replay) needs no vectors. Every path that adds a bullet from learning goes through here: the
@@ -258,6 +260,7 @@ async def finish_ops(
         config.corroboration_for(playbook.namespace),
         dedup,
         producers=producers or {},
+        verified=verified,
         window_id=window_id,
         at=at,
     )

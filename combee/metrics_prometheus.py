@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from combee.corroborate import HELD_REASONS
 from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
 from combee.guard import REASONS as GUARD_REASONS
+from combee.identity import REFUSALS as IDENTITY_REFUSALS
 from combee.labels import OTHER, BoundedLabels
 from combee.llm import Role
 from combee.meter import Meter
@@ -263,7 +264,7 @@ class PrometheusMetrics:
 
     def namespace_seen(self, namespace: str) -> None:
         label = self._ns(namespace)
-        for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND, NAMESPACE_LIMIT_KIND):
+        for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND, NAMESPACE_LIMIT_KIND, *IDENTITY_REFUSALS):
             self._traces.labels(label, "dead_lettered", reason)
         if label:
             self._fenced.labels(label)

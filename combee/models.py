@@ -29,6 +29,7 @@ from combee.errors import InvalidNamespace
 
 __all__ = [
     "LIMITS",
+    "PRODUCER_ID_PATTERN",
     "AddOp",
     "Bullet",
     "BulletTag",
@@ -38,11 +39,13 @@ __all__ = [
     "Insight",
     "Limits",
     "Playbook",
+    "ProducerId",
     "Reflection",
     "RemoveOp",
     "Step",
     "Tag",
     "Trace",
+    "TraceId",
     "UpdateOp",
     "normalise_section",
     "one_line",
@@ -76,6 +79,7 @@ class Limits:
     sections = 24  # distinct sections a playbook may hold; more fold into "general"
     sources_per_op = 64  # trace ids an operation cites (the reflections that taught it)
     sources_per_bullet = 16  # trace ids a bullet keeps (the most recent; ``support`` counts them all)
+    producers_per_bullet = 16  # verified producer ids a bullet keeps (the most recent)
 
 
 LIMITS = Limits()
@@ -154,6 +158,9 @@ BulletId = Annotated[str, StringConstraints(pattern=r"^b\d{5,9}$")]
 LessonText = Annotated[
     str, StringConstraints(min_length=1, max_length=LIMITS.bullet_chars), AfterValidator(_lesson_text)
 ]
+# A producer id with a key (combee.identity): the namespace alphabet, so it is safe in logs, keys and labels.
+PRODUCER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+ProducerId = Annotated[str, StringConstraints(pattern=PRODUCER_ID_PATTERN)]
 # A trace id: one line, control characters dropped (it is logged and shown as a bullet's source).
 TraceId = Annotated[
     str, StringConstraints(min_length=1, max_length=LIMITS.trace_id_chars), AfterValidator(_one_line_id)
@@ -297,6 +304,9 @@ class Bullet(_Frozen):
     # many distinct traces were ever cited (ids older than the kept ones are counted, not kept).
     sources: tuple[TraceId, ...] = Field(default=(), max_length=LIMITS.sources_per_bullet)
     support: int = Field(default=0, ge=0)
+    # The verified producers (combee.identity) whose signed traces taught or changed it, the most recent kept.
+    # A producer a trace merely names in its metadata is never recorded here. Empty before identity existed.
+    verified_producers: tuple[ProducerId, ...] = Field(default=(), max_length=LIMITS.producers_per_bullet)
     # Pinned by an operator (``combee bullet pin``): learning never updates, removes, folds or evicts it.
     pinned: bool = False
 
@@ -342,6 +352,8 @@ class Delta(_Frozen):
     ops: tuple[DeltaOp, ...] = Field(default=(), max_length=LIMITS.ops_per_delta)
     tag_counts: dict[BulletId, tuple[int, int]] = Field(default_factory=dict)
     trace_count: int = Field(default=0, ge=0)
+    # trace id -> verified producer of the window's signed traces: apply records them in the bullets they teach
+    verified_producers: dict[TraceId, ProducerId] = Field(default_factory=dict, max_length=LIMITS.ops_per_delta)
 
 
 class Playbook(_Frozen):

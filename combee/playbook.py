@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,6 +53,7 @@ __all__ = [
     "render_prompt",
     "settling_mark",
     "unite_ops",
+    "with_producers",
     "with_sources",
 ]
 
@@ -90,14 +91,28 @@ def unite_ops(partials: Iterable[Sequence[DeltaOp]]) -> tuple[DeltaOp, ...]:
     return tuple(out)
 
 
-def cite(bullet: Bullet, sources: Iterable[str]) -> Bullet:
+def cite(bullet: Bullet, sources: Iterable[str], verified: Mapping[str, str] | None = None) -> Bullet:
     """``bullet`` taught again by ``sources``: the most recent ``sources_per_bullet`` ids kept, and ``support``
-    raised by each id not already kept (an id that has fallen out of the kept ones counts again)."""
-    fresh = [s for s in dict.fromkeys(sources) if s not in bullet.sources]
+    raised by each id not already kept (an id that has fallen out of the kept ones counts again). ``verified``
+    maps a trace id to its verified producer: those of ``sources`` join ``verified_producers`` (most recent kept)."""
+    sources = tuple(dict.fromkeys(sources))
+    bullet = with_producers(bullet, ((verified or {}).get(s) for s in sources))
+    fresh = [s for s in sources if s not in bullet.sources]
     if not fresh:
         return bullet
     kept = (*bullet.sources, *fresh)[-LIMITS.sources_per_bullet :]
     return bullet.model_copy(update={"sources": kept, "support": bullet.support + len(fresh)})
+
+
+def with_producers(bullet: Bullet, producers: Iterable[str | None]) -> Bullet:
+    """``bullet`` with ``producers`` (None skipped) among its verified producers: a producer already there moves
+    to the most recent end; the most recent ``producers_per_bullet`` are kept."""
+    named = [p for p in producers if p]
+    if not named:
+        return bullet
+    order = [p for p in bullet.verified_producers if p not in named] + list(dict.fromkeys(named))
+    kept = tuple(order)[-LIMITS.producers_per_bullet :]
+    return bullet if kept == bullet.verified_producers else bullet.model_copy(update={"verified_producers": kept})
 
 
 class Deduplicator(Protocol):
@@ -258,7 +273,9 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                     stats.sections_folded += 1
                 sections.add(section)
             bullets[bid] = cite(
-                Bullet(id=bid, section=section, content=op.content, created=prov, updated=prov), op.sources
+                Bullet(id=bid, section=section, content=op.content, created=prov, updated=prov),
+                op.sources,
+                delta.verified_producers,
             )
             fresh.add(bid)
             stats.added += 1
@@ -268,14 +285,15 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                 stats.missing_update += 1
                 continue
             if b.pinned:  # an operator fixed its wording: learning may cite it, not rewrite it
-                bullets[op.bullet_id] = cite(b, op.sources)
+                bullets[op.bullet_id] = cite(b, op.sources, delta.verified_producers)
                 stats.pinned_kept += 1
                 continue
             if op.content == b.content:  # the same wording: the op's traces taught the bullet again, no change
-                bullets[op.bullet_id] = cite(b, op.sources)
+                bullets[op.bullet_id] = cite(b, op.sources, delta.verified_producers)
                 stats.confirmed += 1
                 continue
-            bullets[op.bullet_id] = cite(b.model_copy(update={"content": op.content, "updated": prov}), op.sources)
+            changed = b.model_copy(update={"content": op.content, "updated": prov})
+            bullets[op.bullet_id] = cite(changed, op.sources, delta.verified_producers)
             fresh.add(op.bullet_id)
             stats.updated += 1
         elif isinstance(op, RemoveOp):
@@ -308,7 +326,7 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                     sources=tuple(dict.fromkeys([*keep.sources, *dup.sources]))[-LIMITS.sources_per_bullet :],
                     support=keep.support + dup.support - common,
                 )
-                merged[keep_id] = keep.model_copy(update=update)
+                merged[keep_id] = with_producers(keep.model_copy(update=update), dup.verified_producers)
             ordered = [merged[b.id] for b in ordered if b.id not in dropped]
             stats.deduplicated += len(dropped)
 

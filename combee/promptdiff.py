@@ -111,7 +111,8 @@ class BulletChange:
     """One bullet added, changed or removed; ``why`` the operations on it (empty when no evidence was
     recorded) and ``traces`` the traces that taught the change: the operations' sources, else the bullet's own
     most recent ones (``from_evidence`` False), None when neither is known. ``support`` counts every trace that
-    ever taught the bullet."""
+    ever taught the bullet; ``producers`` are the verified producers whose signed traces taught it
+    (``Bullet.verified_producers``, combee.identity: never a name a trace merely claims)."""
 
     kind: Literal["added", "changed", "removed"]
     bullet_id: str
@@ -123,6 +124,7 @@ class BulletChange:
     traces: tuple[str, ...] | None = None
     from_evidence: bool = False
     support: int = 0
+    producers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,11 +285,12 @@ def _change(
     """The change, with the operations on the bullet up to version ``until`` when the evidence of the window
     that taught it (``by``) is recorded, else the bullet's own record of its traces."""
     why = _teachings(b.id, explained, until)
+    producers = b.verified_producers if kind != "removed" else ()
     if by.version in explained:
         traces: tuple[str, ...] | None = tuple(dict.fromkeys(s for t in why for s in t.sources))
-        return BulletChange(kind, b.id, b.section, before, after, by, why, traces, True, b.support)
+        return BulletChange(kind, b.id, b.section, before, after, by, why, traces, True, b.support, producers)
     own = b.sources if kind != "removed" and b.sources else None  # who taught it did not remove it
-    return BulletChange(kind, b.id, b.section, before, after, by, why, own, False, b.support)
+    return BulletChange(kind, b.id, b.section, before, after, by, why, own, False, b.support, producers)
 
 
 SHORT_TRACES = 3
@@ -353,11 +356,15 @@ def _full_why(c: BulletChange) -> list[str]:
     return lines
 
 
+def _producers(c: BulletChange, cap: int | None) -> str:
+    return f"verified producers: {_ids(c.producers, cap)}" if c.producers else ""
+
+
 def render_diff(diff: PromptDiff, *, full: bool = False) -> str:
     """The diff as text: a summary line, then per bullet (``+`` added, ``~`` changed, ``-`` removed) one line of
     what it says and one of why — the curator's operations, the traces that taught it (the first
     :data:`SHORT_TRACES`, "+N more") and one lesson as the reflector stated it. ``full``: every operation, every
-    trace id, every recorded lesson and the window."""
+    trace id, every recorded lesson and the window. A bullet taught by signed traces names its verified producers."""
     counts = ", ".join(f"{len(diff.of_kind(k))} {k}" for k in ("added", "changed", "removed"))
     lines = [f"{diff.namespace}: v{diff.from_version} -> v{diff.to_version}: {counts}"]
     for c in diff.changes:
@@ -368,6 +375,7 @@ def render_diff(diff: PromptDiff, *, full: bool = False) -> str:
         if full:
             lines.extend([f"    now: {c.after}"] if c.kind == "changed" else [])
             lines.extend(_full_why(c))
+            lines.extend([f"    {_producers(c, None)}"] if c.producers else [])
         else:
-            lines.append(_short_why(c))
+            lines.append(_short_why(c) + (f" · {_producers(c, SHORT_TRACES)}" if c.producers else ""))
     return "\n".join(lines) + "\n"

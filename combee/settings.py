@@ -118,6 +118,13 @@ class Settings(StreamSettings):
     namespace_buffer: int = Field(default=4_096, ge=1)
     held_max: int = Field(default=100_000, ge=1)
 
+    # --- producer identity (docs/security.md, "Signed traces"; combee/identity.py) ---
+    # A JSON file {producer_id: {"key": "...", "namespaces": ["ns", ...] or ["*"]}}: the keys the workers verify
+    # signed traces with (read once at start). Unset: no producer has a key, every signed trace is refused.
+    producer_keys_file: Path | None = None
+    # Namespaces that refuse unsigned traces: a comma-separated list, or * for all. Empty: none (as before).
+    require_signed: str = ""
+
     # --- corroboration (docs/security.md, "Corroboration and caps"; combee/corroborate.py) ---
     # A new bullet, and an UPDATE or REMOVE of an established bullet (found helpful at least
     # corroborate_established_helpful times, or pinned), goes live only when this many distinct traces taught it

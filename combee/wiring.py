@@ -17,6 +17,7 @@ from combee.corroborate import Corroboration
 from combee.embeddings import Embedder, NearDuplicates
 from combee.engine import Method, MethodConfig
 from combee.errors import ConfigError
+from combee.identity import IdentityPolicy, parse_producer_keys, parse_required
 from combee.llm import Role
 from combee.metrics import LLMPrices, Metrics, NoMetrics
 from combee.playbook import ApplyPolicy
@@ -35,6 +36,7 @@ __all__ = [
     "build_near_duplicates",
     "build_publisher",
     "build_quotas",
+    "identity_policy",
     "llm_prices",
     "method_config",
     "promotion_config",
@@ -93,6 +95,21 @@ def build_quotas(settings: Settings) -> QuotaLedger | None:
         producer=limit(settings.quota_producer_per_s, settings.quota_producer_burst),
     )
     return QuotaLedger(quotas) if quotas.active else None
+
+
+def identity_policy(settings: Settings) -> IdentityPolicy:
+    """The producers' keys (``COMBEE_PRODUCER_KEYS_FILE``, read here once) and the namespaces that refuse unsigned
+    traces (``COMBEE_REQUIRE_SIGNED``). Raises ConfigError for a file that cannot be read or is malformed (the
+    message names the file and the producer at fault, never a key)."""
+    keys = {}
+    path = settings.producer_keys_file
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"COMBEE_PRODUCER_KEYS_FILE {path}: cannot read it: {exc.__class__.__name__}") from None
+        keys = parse_producer_keys(text, f"COMBEE_PRODUCER_KEYS_FILE {path}")
+    return IdentityPolicy(keys=keys, require_signed=parse_required(settings.require_signed))
 
 
 def build_metrics(settings: Settings) -> Metrics:

@@ -3,8 +3,8 @@
 Write access to the internal partials topic would otherwise be control of every prompt. The operator's CLI
 signs each control record with the key ``COMBEE_CONTROL_KEY``; a worker that has the key applies only records
 whose ``signature`` is the HMAC-SHA256, under that key, of the record's canonical form (:func:`canonical`: its
-JSON without the signature, keys sorted, no spaces, UTF-8). Anything else is refused with a reason the worker
-dead-letters and counts.
+JSON without the signature, keys sorted, no spaces, UTF-8; :mod:`combee.signing`, as traces are signed).
+Anything else is refused with a reason the worker dead-letters and counts.
 
 A worker without a key accepts every control record, signed or not (the behaviour before keys existed) and
 says so when it starts; docs/security.md.
@@ -12,11 +12,9 @@ says so when it starts; docs/security.md.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 from typing import TYPE_CHECKING
 
+from combee.signing import canonical_json, hmac_hex, signature_matches
 from streams.envelopes import Control
 
 if TYPE_CHECKING:
@@ -36,17 +34,12 @@ def control_key(settings: KafkaSettings) -> bytes | None:
 
 def canonical(ctrl: Control) -> bytes:
     """The bytes a control record's signature covers: every field but ``signature``, as canonical JSON."""
-    fields = ctrl.model_dump(mode="json", by_alias=True, exclude={"signature"})
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-def _digest(ctrl: Control, key: bytes) -> str:
-    return hmac.new(key, canonical(ctrl), hashlib.sha256).hexdigest()
+    return canonical_json(ctrl.model_dump(mode="json", by_alias=True, exclude={"signature"}))
 
 
 def sign(ctrl: Control, key: bytes) -> Control:
     """``ctrl`` with its ``signature`` set (hex HMAC-SHA256 of :func:`canonical` under ``key``)."""
-    return ctrl.model_copy(update={"signature": _digest(ctrl, key)})
+    return ctrl.model_copy(update={"signature": hmac_hex(key, canonical(ctrl))})
 
 
 def refusal(ctrl: Control, key: bytes | None) -> tuple[str, str] | None:
@@ -56,6 +49,6 @@ def refusal(ctrl: Control, key: bytes | None) -> tuple[str, str] | None:
         return None
     if ctrl.signature is None:
         return UNSIGNED, f"control record for {ctrl.namespace!r} is not signed (this worker has COMBEE_CONTROL_KEY)"
-    if not hmac.compare_digest(ctrl.signature, _digest(ctrl, key)):
+    if not signature_matches(ctrl.signature, key, canonical(ctrl)):
         return BAD_SIGNATURE, f"control record for {ctrl.namespace!r} has a signature that does not match"
     return None

@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from combee.evidence import Explanation, LessonLine
-from combee.models import Delta, DeltaOp, Playbook, Reflection, Trace
+from combee.models import Delta, DeltaOp, Playbook, ProducerId, Reflection, Trace, TraceId
 from combee.plan import ShuffleKey
 from combee.quarantine import QuarantinedBullet
 from combee.scan import ReduceTracker
@@ -67,6 +67,11 @@ class WindowEnvelope(_Envelope):
     closed_by: Literal["size", "max_wait", "backlog", "replay"]
     traces: tuple[Trace, ...]
     closed_at: float
+    verified_producers: dict[TraceId, ProducerId] = Field(
+        default_factory=dict,
+        description="trace id -> producer, for the traces whose signature the window stage verified "
+        "(combee.identity); a producer a trace only names is not here",
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -157,8 +162,12 @@ class WindowPlan(_Envelope):
     trace_ids: tuple[str, ...] = Field(default=(), description="the window's traces (provenance of what it taught)")
     producers: dict[str, str] = Field(
         default_factory=dict,
-        description="trace id -> producer (metadata.producer) of the window's traces that name one: corroboration "
-        "counts a producer's traces as one teacher (combee.corroborate)",
+        description="trace id -> producer the window's traces count as (combee.identity.counted_producer: the "
+        "verified one, else the one named in metadata): corroboration counts a producer's traces as one teacher",
+    )
+    verified_producers: dict[TraceId, ProducerId] = Field(
+        default_factory=dict,
+        description="trace id -> verified producer (WindowEnvelope.verified_producers): recorded in the bullets",
     )
     lessons: dict[str, tuple[LessonLine, ...]] = Field(
         default_factory=dict,

@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from pydantic import SecretStr, ValidationError
+
 from combee.errors import ConfigError, InvalidNamespace, TopicMissing, TraceError
+from combee.identity import TraceSigner
 from combee.models import Trace, validate_namespace
 from combee.tracefile import parse_trace
 from streams.kafka_config import (
@@ -119,6 +122,11 @@ class TracePublisher:
     through an admin client, bounded by ``max_block_ms``); with an injected ``producer_factory`` there is no
     cluster to ask, so the topic counts as existing unless ``topic_exists`` is given too.
 
+    ``producer_id`` and ``producer_key`` (or, with settings, ``COMBEE_PRODUCER_ID`` and ``COMBEE_PRODUCER_KEY``)
+    make it sign every trace as that producer (:mod:`combee.identity`: ``metadata["producer"]`` and
+    ``metadata["producer_signature"]``, an HMAC-SHA256 over the whole trace and its namespace), which workers
+    holding the producer's key record as verified. Neither set: traces go unsigned, as before.
+
     ``publish``/``publish_many`` are thread-safe (kafka-python's producer is). Delivery is asynchronous: the
     returned futures resolve to the record metadata or fail after ``delivery_timeout_ms``; failures are also
     logged and counted in ``failed`` so a fire-and-forget caller still learns about them.
@@ -138,7 +146,12 @@ class TracePublisher:
         default_namespace: str | None = None,
         producer_factory: Callable[..., ProducerLike] | None = None,
         topic_exists: Callable[[str], bool] | None = None,
+        producer_id: str | None = None,
+        producer_key: SecretStr | str | None = None,
     ) -> None:
+        if not isinstance(kafka, str) and producer_id is None and producer_key is None:
+            producer_id, producer_key = kafka.producer_id, kafka.producer_key
+        self.signer = TraceSigner.of(producer_id, producer_key)
         if topics is None:
             topics = Topics() if isinstance(kafka, str) else kafka.topics()
         if default_namespace is not None:
@@ -229,7 +242,7 @@ class TracePublisher:
         the record within ``max_block_ms`` (no metadata for the topic, or a full buffer).
         """
         self._check_open()
-        parsed, raw = encode_trace(trace, default_namespace=self.default_namespace)
+        parsed, raw = self._encode(trace)
         return self._send(parsed, raw)
 
     def publish_many(self, traces: Iterable[Trace | Mapping[str, Any]]) -> list[FutureRecordMetadata]:
@@ -242,12 +255,22 @@ class TracePublisher:
         encoded: list[tuple[Trace, bytes]] = []
         for i, trace in enumerate(traces):
             try:
-                encoded.append(encode_trace(trace, default_namespace=self.default_namespace))
+                encoded.append(self._encode(trace))
             except TraceError as exc:
                 raise TraceError(f"trace #{i}: {exc.reason}") from None
             except InvalidNamespace as exc:
                 raise InvalidNamespace(f"trace #{i}: {exc}") from None
         return [self._send(parsed, raw) for parsed, raw in encoded]
+
+    def _encode(self, trace: Trace | Mapping[str, Any]) -> tuple[Trace, bytes]:
+        """Validated (and signed, when this publisher has a producer key) as :func:`encode_trace` does."""
+        parsed, raw = encode_trace(trace, default_namespace=self.default_namespace)
+        if self.signer is None:
+            return parsed, raw
+        try:
+            return encode_trace(self.signer.sign(parsed))
+        except ValidationError as exc:  # the producer's two metadata entries took it over a limit
+            raise TraceError(f"trace could not be signed: {exc.errors()[0]['msg']}"[:300]) from None
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every record sent so far is acknowledged or failed (kafka-python raises

@@ -10,7 +10,10 @@ the source's shuffle seeds, so with the same model answers (the response cache) 
 source's playbook; traces outside any logged window get fresh windows of ``batch_size``.
 
 Traces a forget rule names (``combee traces forget``, :mod:`combee.forget`) are left out: a replay is how a
-namespace is relearned without them. A logged window that held one is cut afresh.
+namespace is relearned without them. A logged window that held one is cut afresh. Given the workers' producer
+identity policy (:mod:`combee.identity`), the traces the live window stage refuses (unsigned where signatures
+are required, or signed but not verified) are left out too, and the verified producers of the others travel
+with their windows, checked against the *source* namespace (the one they were signed for).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from combee.errors import CombeeError, ConfigError
 from combee.forget import ForgetRule, forgotten
+from combee.identity import IdentityPolicy, verify_trace
 from combee.models import Trace, validate_namespace
 from combee.plan import window_id
 from streams.codec import CodecError, decode_trace, encode
@@ -48,6 +52,39 @@ class ReplayReport:
     windows: int
     windows_from_log: int
     forgotten: int = 0  # traces of the namespace left out because a forget rule names them
+    refused: int = 0  # traces left out because the identity policy refuses them (combee.identity)
+
+
+@dataclass
+class _Collected:
+    traces: dict[int, Trace]
+    producers: dict[int, str]  # offset -> verified producer
+    forgotten: int = 0
+    refused: int = 0
+
+
+def _collect(
+    records: Sequence[Any], namespace: str, rules: Sequence[ForgetRule], identity: IdentityPolicy | None
+) -> _Collected:
+    """The traces of ``namespace`` among ``records`` that learning may use, and their verified producers."""
+    out = _Collected({}, {})
+    for msg in records:
+        try:
+            trace = decode_trace(msg.value, msg.key)
+        except CodecError:
+            continue  # the live pipeline dead-lettered it too
+        if trace.namespace != namespace:
+            continue
+        verdict = verify_trace(trace, identity) if identity is not None else None
+        if verdict is not None and verdict.refused:
+            out.refused += 1
+        elif forgotten(trace, rules):
+            out.forgotten += 1
+        else:
+            out.traces[msg.offset] = trace
+            if verdict is not None and verdict.producer is not None:
+                out.producers[msg.offset] = verdict.producer
+    return out
 
 
 def _start_offset(consumer: KafkaConsumer, tp: TopicPartition, start: str) -> int:
@@ -85,9 +122,10 @@ def replay(
     batch_size: int,
     windows: str = "logged",
     rules: Sequence[ForgetRule] = (),
+    identity: IdentityPolicy | None = None,
 ) -> ReplayReport:
     """Offer ``namespace``'s traces from ``start`` to the end offset seen now as windows of ``into``, leaving out
-    every trace one of ``rules`` names."""
+    every trace one of ``rules`` names and, given ``identity``, every trace it refuses."""
     validate_namespace(namespace)
     validate_namespace(into)
     if into == namespace:
@@ -101,19 +139,8 @@ def replay(
         tp = TopicPartition(topics.traces, part)
         end = int(consumer.end_offsets([tp])[tp])
         first = _start_offset(consumer, tp, start)
-        traces: dict[int, Trace] = {}
-        left_out = 0
-        for msg in _read(consumer, tp, first, end):
-            try:
-                trace = decode_trace(msg.value, msg.key)
-            except CodecError:
-                continue  # the live pipeline dead-lettered it too
-            if trace.namespace != namespace:
-                continue
-            if forgotten(trace, rules):
-                left_out += 1
-            else:
-                traces[msg.offset] = trace
+        collected = _collect(_read(consumer, tp, first, end), namespace, rules, identity)
+        traces, left_out = collected.traces, collected.forgotten
         logged: list[DeltaRecord] = []
         if windows == "logged":
             dtp = TopicPartition(topics.deltas, part)
@@ -145,6 +172,9 @@ def replay(
                 closed_by="replay",
                 traces=tuple(traces[o].model_copy(update={"namespace": into}) for o in offsets),
                 closed_at=time.time(),
+                verified_producers={
+                    traces[o].trace_id: collected.producers[o] for o in offsets if o in collected.producers
+                },
             )
             producer.send(topics.windows, key=into.encode(), value=encode(env))
         producer.flush(60)
@@ -158,6 +188,7 @@ def replay(
         windows=len(plan),
         windows_from_log=sum(1 for _, key in plan if not key.startswith("fresh:")),
         forgotten=left_out,
+        refused=collected.refused,
     )
 
 

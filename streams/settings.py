@@ -56,6 +56,10 @@ class KafkaSettings(BaseSettings):
     # The HMAC-SHA256 key of control records (rollback): the CLI signs with it, workers that have it apply only
     # records signed with it (others are dead-lettered and counted). Unset: workers accept unsigned control records.
     control_key: SecretStr | None = None
+    # An agent's identity (combee/identity.py): with both set, TracePublisher signs every trace it sends as this
+    # producer with this key (HMAC-SHA256); the workers verify it with the same key (COMBEE_PRODUCER_KEYS_FILE).
+    producer_id: str | None = None
+    producer_key: SecretStr | None = None
 
 
 class TopicSettings(BaseSettings):

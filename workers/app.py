@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import faust
 
+from combee.identity import IdentityPolicy
 from combee.llm import LLM
 from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
-from combee.wiring import build_quotas, promotion_config
+from combee.wiring import build_quotas, identity_policy, promotion_config
 from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
@@ -105,12 +106,14 @@ def create_app(
     dedup: NearDuplicates | None = None,
     metrics: Metrics | None = None,
     health: HealthWatch | None = None,
+    identity: IdentityPolicy | None = None,
 ) -> tuple[faust.App, StageContext]:
     """Build the app and the stages' shared context (nothing connects until the worker starts).
 
     ``metrics`` (None: off) receives the stages' reports, the versions the publisher sees in Redis and, every
     few seconds, the consumer lag of the assigned partitions. ``health`` (None: off) is checked at start and
     every ``settings.health_interval_s`` seconds and told of every LLM step's outcome; its report goes to Redis.
+    ``identity`` (None: from the settings, :func:`combee.wiring.identity_policy`) is who may sign traces.
     """
     roles = set(roles)
     topics = Topics(settings.topic_prefix, settings.partitions, traces_retention_ms=settings.traces_retention_ms)
@@ -150,6 +153,12 @@ def create_app(
             "set it on workers and operators (docs/security.md)",
             topics.partials,
         )
+    identity = identity if identity is not None else identity_policy(settings)
+    log.info(
+        "producer identity: %d producer keys; unsigned traces refused in %s",
+        len(identity.keys),
+        ", ".join(sorted(identity.require_signed)) or "no namespace",
+    )
     config = StageConfig(
         topics=topics,
         method=method,
@@ -168,6 +177,7 @@ def create_app(
         max_namespaces=settings.max_namespaces,
         namespace_idle_s=settings.namespace_idle_s,
         control_key=control_key(settings),
+        identity=identity,
         promotion=promotion_config(settings),
     )
     ctx = StageContext(

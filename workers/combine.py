@@ -21,7 +21,7 @@ import time
 from typing import Any, cast
 
 from combee.corroborate import corroborate_tags
-from combee.engine import finish_ops
+from combee.engine import Finished, finish_ops
 from combee.evidence import explain_delta
 from combee.llm import Role
 from combee.meter import Meter
@@ -217,7 +217,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     cfg = ctx.config.method
     finished = await finish_ops(
         ops, current, cfg, ctx.dedup, meter, pending=await pending_pool(ctx, rt), producers=plan.producers,
-        window_id=w.window_id, at=time.time(),
+        verified=plan.verified_producers, window_id=w.window_id, at=time.time(),
     )  # fmt: skip
     proposed, ops = ops, finished.ops
     tags, held_tags = corroborate_tags(plan.tag_counts, current, cfg.corroboration_for(rt.namespace))
@@ -229,6 +229,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         ops=ops,
         tag_counts=tags,
         trace_count=plan.trace_count,
+        verified_producers=_verified(plan, finished),
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
     held = quarantined(rt.namespace, w.window_id, current.version, finished.quarantined, at=time.time())
@@ -282,6 +283,13 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         rt.applied.notify_all()
     ctx.wake.set()
     return True
+
+
+def _verified(plan: WindowPlan, finished: Finished) -> dict[str, str]:
+    """The window's verified producers, and those of the pending lessons that went live in it (their traces
+    came in earlier windows)."""
+    went_live = finished.corroborated.verified if finished.corroborated is not None else {}
+    return {**went_live, **plan.verified_producers}
 
 
 async def _rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:

@@ -17,6 +17,7 @@ from combee.controller import DEFAULT_BS, DEFAULT_TRIAL_SIZES, BatchSizeControll
 from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
+from combee.identity import IdentityPolicy
 from combee.llm import LLM, Role
 from combee.metrics import Metrics, NoMetrics
 from combee.promotion import PromotionConfig
@@ -62,6 +63,7 @@ class StageConfig:
     namespace_idle_s: float = 600.0  # a namespace quiet this long with nothing buffered or in flight is evicted
     retry_max_s: float = 30.0
     control_key: bytes | None = None  # COMBEE_CONTROL_KEY: control records must be signed with it (None: not checked)
+    identity: IdentityPolicy = field(default_factory=IdentityPolicy)  # producers' keys, namespaces requiring them
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
 
 

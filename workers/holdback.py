@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import Any
 
+from combee.identity import verify_trace
 from combee.outcomes import observe
 from streams.codec import CodecError, decode_trace
 from workers.acks import SyntheticEvent, SyntheticMessage
@@ -101,5 +102,6 @@ async def _buffer(ctx: StageContext, rt: NamespaceRuntime, msg: SyntheticMessage
     if ctx.outcomes is not None:
         ctx.outcomes.note(rt.namespace, msg.partition, observe(msg.offset, trace))
     buf = rt.buffers.setdefault(msg.partition, [])
-    buf.append(Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic()))
+    producer = verify_trace(trace, ctx.config.identity).producer  # accepted when it came: only who signed it
+    buf.append(Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic(), producer))
     return 1

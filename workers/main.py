@@ -14,6 +14,7 @@ from combee.wiring import (
     build_metrics,
     build_near_duplicates,
     build_publisher,
+    identity_policy,
     method_config,
 )
 from streams.kafka_config import aiokafka_security_kwargs, ensure_topics, faust_security_kwargs, require_kafka
@@ -38,7 +39,8 @@ def run_worker(
     datadir is under it) first. Returns the process exit status. Raises KafkaUnreachable at once (not after
     kafka-python's 30 s) when no bootstrap address answers.
     """
-    metrics = build_metrics(settings)  # first: a taken port fails before anything connects
+    identity = identity_policy(settings)  # a bad producer keys file fails before anything connects
+    metrics = build_metrics(settings)  # then: a taken port fails before anything connects
     require_kafka(settings)
     ensure_topics(settings, settings.topics(), timeout_s=settings.kafka_startup_timeout_s)
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
@@ -57,6 +59,7 @@ def run_worker(
         consumer_kwargs=aiokafka_security_kwargs(settings),
         metrics=metrics,
         health=build_health(settings, store) if settings.health_interval_s > 0 else None,
+        identity=identity,
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     # One INFO line per LLM request ("HTTP Request: POST ...") cost a tenth of the worker's CPU per trace.

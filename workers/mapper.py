@@ -13,8 +13,9 @@ import logging
 import time
 from typing import Any
 
-from combee.engine import canonical_reflections, producers_of, teaching
+from combee.engine import canonical_reflections, teaching
 from combee.evidence import window_lessons
+from combee.identity import counted_producer
 from combee.meter import Meter
 from combee.models import Playbook, Reflection
 from combee.playbook import count_tags
@@ -74,6 +75,14 @@ def accept_window(state: MapState, env: WindowEnvelope) -> Acceptance:
     from combee.windowing import accept_window as accept
 
     return accept(state, env.namespace, env.source, env.offsets, env.traces)
+
+
+def _counted_producers(ctx: StageContext, env: WindowEnvelope, acc: Acceptance) -> dict[str, str]:
+    """Trace id -> the producer each accepted trace counts as (combee.identity.counted_producer), where known."""
+    counted = {
+        t.trace_id: counted_producer(t, env.verified_producers.get(t.trace_id), ctx.config.identity) for t in acc.traces
+    }
+    return {t: p for t, p in counted.items() if p is not None}
 
 
 async def _wait_turn(ctx: StageContext, rt: NamespaceRuntime, seq: int) -> Playbook:
@@ -183,7 +192,8 @@ async def _map_one(
         map_service_s=map_s,
         skipped_traces=skipped,
         trace_ids=tuple(t.trace_id for t in acc.traces),
-        producers=producers_of(acc.traces),
+        producers=_counted_producers(ctx, env, acc),
+        verified_producers={t.trace_id: p for t in acc.traces if (p := env.verified_producers.get(t.trace_id))},
         lessons=window_lessons(reflections),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)

@@ -31,6 +31,7 @@ class Buffered:
     event: Any
     size: int
     received_at: float
+    producer: str | None = None  # verified producer (combee.identity), None when the trace is not signed
 
 
 @dataclass

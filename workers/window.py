@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from combee.errors import InvalidNamespace
-from combee.forget import forgotten, producer_of
+from combee.forget import forgotten
+from combee.identity import Verification, counted_producer, verify_trace
 from combee.models import Trace, validate_namespace
 from combee.outcomes import observe
 from combee.plan import window_id
@@ -45,6 +46,10 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         ctx.metrics.trace_dead_lettered(namespace_label(msg.key), exc.kind)
         await ctx.acks.done(event)
         return
+    verdict = await _identify(ctx, trace, msg)
+    if verdict is None:
+        await ctx.acks.done(event)
+        return
     if ctx.forget_rules is not None and forgotten(trace, await ctx.forget_rules.rules()):
         ctx.metrics.trace_forgotten(trace.namespace)  # acknowledged, never learned
         await ctx.acks.done(event)
@@ -58,7 +63,7 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         await ctx.acks.done(event)
         return
     rt = await admit(ctx, trace.namespace, msg)
-    if rt is None or not await _within_quota(ctx, trace, msg):
+    if rt is None or not await _within_quota(ctx, trace, verdict, msg):
         await ctx.acks.done(event)
         return
     rt.traces_seen += 1
@@ -72,24 +77,35 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
     if ctx.outcomes is not None:
         ctx.outcomes.note(trace.namespace, msg.partition, observe(msg.offset, trace))
     rt.buffers.setdefault(msg.partition, []).append(
-        Buffered(msg.offset, trace, event, len(msg.value or b""), rt.last_active)
+        Buffered(msg.offset, trace, event, len(msg.value or b""), rt.last_active, verdict.producer)
     )
     ctx.wake.set()
 
 
-async def _within_quota(ctx: StageContext, trace: Trace, msg: Any) -> bool:
+async def _identify(ctx: StageContext, trace: Trace, msg: Any) -> Verification | None:
+    """Who signed ``trace`` (combee.identity); None, once it is dead-lettered with the reason, when refused."""
+    verdict = verify_trace(trace, ctx.config.identity)
+    if not verdict.refused:
+        return verdict
+    await ctx.dead_letter("window", verdict.message, msg)
+    ctx.metrics.trace_dead_lettered(trace.namespace, verdict.outcome)
+    return None
+
+
+async def _within_quota(ctx: StageContext, trace: Trace, verdict: Verification, msg: Any) -> bool:
     """Ask the rate limits about ``trace`` at its record's timestamp (the producer's pace, so a backlog read
     after a pause is judged by when it was sent; never later than now, so a timestamp in the future earns
-    nothing); dead-letter it with the reason when it is over."""
+    nothing); dead-letter it with the reason when it is over. Its producer is the one it counts as
+    (combee.identity.counted_producer): a name it claims cannot spend a verified producer's budget."""
     if ctx.quotas is None:
         return True
     now = time.time()
     stamp = getattr(msg, "timestamp", None)
     at = min(float(stamp), now) if isinstance(stamp, int | float) and stamp > 0 else now
-    verdict = ctx.quotas.admit(trace.namespace, producer_of(trace), at)
-    if verdict.admitted:
+    quota = ctx.quotas.admit(trace.namespace, counted_producer(trace, verdict.producer, ctx.config.identity), at)
+    if quota.admitted:
         return True
-    await ctx.dead_letter("window", verdict.reason, msg)
+    await ctx.dead_letter("window", quota.reason, msg)
     ctx.metrics.trace_dead_lettered(trace.namespace, QUOTA_KIND)
     return False
 
@@ -157,6 +173,7 @@ async def _close(
         closed_by=why,
         traces=tuple(b.trace for b in items),
         closed_at=closed_at,
+        verified_producers={b.trace.trace_id: b.producer for b in items if b.producer is not None},
     )
     # The slot is taken before the send: the map stage (another task of this process) can receive the window
     # and release its slot before `send` returns here. Taken after, that release would come first and the slot

@@ -34,6 +34,7 @@ def add_replay_command(sub: Any) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from combee.wiring import identity_policy
     from streams.forget import read_rules
     from streams.replay import replay
 
@@ -46,12 +47,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         batch_size=args.batch_size or settings.bs_default,
         windows=args.windows,
         rules=read_rules(settings),
+        identity=identity_policy(settings),
     )
     print(
         f"replaying {report.traces} traces of {args.namespace} (partition {report.partition}, offsets "
         f"{report.first_offset}..{report.end_offset - 1}) into {args.into} as {report.windows} windows "
         f"({report.windows_from_log} as logged, {report.windows - report.windows_from_log} fresh)"
         + (f"; {report.forgotten} forgotten traces left out" if report.forgotten else "")
+        + (f"; {report.refused} traces the producer identity policy refuses left out" if report.refused else "")
     )
     if not args.wait:
         return 0

@@ -276,3 +276,35 @@ def test_an_unserialisable_constructed_trace_is_a_trace_error(
     with pytest.raises(TraceError):
         publisher.publish(broken)
     assert made[0].sent == []
+
+
+def test_a_publisher_with_a_producer_key_signs_what_it_sends(made: list[FakeProducer]) -> None:
+    from pydantic import SecretStr
+
+    from combee.identity import SIGNATURE_KEY, VERIFIED, IdentityPolicy, ProducerKey, verify_trace
+
+    key = "agent-one-secret-key-0123456789"
+    policy = IdentityPolicy({"agent-1": ProducerKey("agent-1", SecretStr(key), frozenset({"ns"}))})
+
+    def factory(**config: Any) -> FakeProducer:
+        made.append(FakeProducer(config))
+        return made[-1]
+
+    settings = Settings(producer_id="agent-1", producer_key=key)  # type: ignore[call-arg]
+    by_settings = TracePublisher(settings, Topics(prefix="t"), producer_factory=factory)
+    explicit = TracePublisher("k:9092", producer_id="agent-1", producer_key=key, producer_factory=factory)
+    for pub in (by_settings, explicit):
+        pub.publish({"namespace": "ns", "task": "t", "feedback": {"success": False}})
+        pub.publish_many([Trace(trace_id="x", namespace="ns", task="t")])
+        assert key not in repr(pub.signer)
+    sent = [Trace.model_validate_json(value) for p in made for _, _, value in p.sent]
+    assert len(sent) == 4 and all(verify_trace(t, policy).outcome == VERIFIED for t in sent)
+    assert {t.metadata["producer"] for t in sent} == {"agent-1"} and all(SIGNATURE_KEY in t.metadata for t in sent)
+    plain = TracePublisher("k:9092", producer_factory=factory)
+    plain.publish({"namespace": "ns", "task": "t"})
+    assert SIGNATURE_KEY not in parse_trace(made[-1].sent[-1][2]).metadata
+    with pytest.raises(ConfigError):
+        TracePublisher("k:9092", producer_id="agent-1", producer_factory=factory)  # an id without its key
+    full = {f"m{i}": i for i in range(LIMITS.metadata_items - 1)}
+    with pytest.raises(TraceError, match="could not be signed"):
+        explicit.publish({"namespace": "ns", "task": "t", "metadata": full})  # no room for the signature
