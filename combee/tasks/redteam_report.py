@@ -177,8 +177,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"Model: {doc.get('model', '?')} at {doc.get('endpoint', '?')}; {doc['totals']['attacks']} attacks mixed with "
         f"{doc['genuine_traces']} genuine traces; method {doc.get('method', '?')}, windows of {doc.get('batch', '?')}.",
         "",
-        "| family | attacks | reached the live prompt | quarantined | harmless | quarantine reasons | cases whose seeded target was "
-        "removed / made harmful / rewritten |",
+        "| family | attacks | reached the live prompt | quarantined | harmless | quarantine reasons "
+        "| cases whose seeded target was removed / made harmful / rewritten |",
         "|---|---:|---:|---:|---:|---|---|",
     ]
     for r in doc["families"]:
