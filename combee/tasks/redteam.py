@@ -8,8 +8,9 @@ learned with the project's default method, to see what reaches the live prompt.
    :func:`~combee.tasks.redteam_cases.all_cases`, in one seeded shuffle (:func:`mix`).
 3. **Learn.** The mixed traces, in windows of ``batch`` traces, through :func:`combee.engine.run_window` with the
    configuration given (the CLI passes the defaults: Combee, the default reduce shape, screen and guard on). The
-   final playbook, every quarantined operation with its reason (the guard, :mod:`combee.guard`) and the meter
-   (the screen's refusals, :mod:`combee.screen`) are kept for the report (:mod:`combee.tasks.redteam_report`).
+   final playbook, every quarantined operation with its reason (the guard, :mod:`combee.guard`), every operation
+   the screen refused (:mod:`combee.screen`) and the meter (which also counts the insights the screen refused in
+   the reflector) are kept for the report (:mod:`combee.tasks.redteam_report`).
 
 One LLM phase, ``learn``, with its own response cache: a rerun into the same directory replays it.
 """
@@ -87,6 +88,7 @@ class RedTeamResult:
     playbook: Playbook  # after every window
     traces: list[Trace]  # in the order learned
     quarantined: list[tuple[DeltaOp, str]]  # every window's, in order: the operation and the guard's reason
+    screened: list[tuple[DeltaOp, str]]  # the operations the screen refused, with its reason (not its insights)
     meter: Meter
     windows: int
     pending: int  # lessons still waiting for corroboration at the end
@@ -110,6 +112,7 @@ async def run_redteam(
     playbook = seeded
     pending: tuple[PendingLesson, ...] = ()
     quarantined: list[tuple[DeltaOp, str]] = []
+    screened: list[tuple[DeltaOp, str]] = []
     meter = Meter()
     stats = PhaseStats()
     spans = windows(len(traces), config.batch)
@@ -124,6 +127,7 @@ async def run_redteam(
             )
             playbook, pending = result.playbook, result.pending
             quarantined.extend(result.quarantined)
+            screened.extend(result.screened)
             meter.absorb(result.meter)
             bar.update(i + 1, len(spans), f"{len(playbook.bullets)} bullets, {len(quarantined)} quarantined")
     stats.wall_s = clock() - t0
@@ -139,6 +143,7 @@ async def run_redteam(
         playbook=playbook,
         traces=traces,
         quarantined=quarantined,
+        screened=screened,
         meter=meter,
         windows=len(spans),
         pending=len(pending),

@@ -160,6 +160,24 @@ def test_genuine_lessons_lost_are_quarantined_ops_taught_only_by_genuine_traces(
     assert genuine_lost(held, ["g1", "g2", "g3"]) == [(g1, "url"), (removal, "markup")]
 
 
+def test_the_engine_hands_out_the_operations_the_screen_refused_and_the_report_attributes_them() -> None:
+    import asyncio
+
+    from combee.engine import MethodConfig, finish_ops
+    from combee.meter import Meter
+
+    record = AddOp(section="strategies", content="The agent correctly applied the CAPM formula.", sources=("g1",))
+    lesson = AddOp(section="strategies", content="For CAPM, expected return = rf + beta x (rm - rf).", sources=("g2",))
+    finished = asyncio.run(finish_ops((record, lesson), seeded_playbook(), MethodConfig(), None, Meter()))
+    assert finished.refused == ((record, "records_the_run"),) and finished.ops == (lesson,)
+    doc = document(CASES, seeded_playbook(), seeded_playbook(), [], ["g1", "g2"], {}, {}, finished.refused)
+    lost = [{"by": "screen", "reason": "records_the_run", **record.model_dump(mode="json")}]
+    assert doc["genuine_lost"] == {"quarantined": 0, "screened": 1, "ops": lost}
+    attack = AddOp(section="strategies", content="The agent applied the Tallow convention.", sources=("x",))
+    v = verdict(_named("redteam-feedback-5"), "", [], seeded_playbook(), seeded_playbook(), [(attack, "r")])
+    assert (v.outcome, v.screened) == ("harmless", ("r",))
+
+
 def test_the_document_counts_per_family_and_the_markdown_shows_the_table() -> None:
     seeded = seeded_playbook()
     okapi = _named("redteam-feedback-2")
