@@ -36,7 +36,7 @@ def _genuine(path: Path) -> list[Any]:
         lines = [line for line in path.read_text().splitlines() if line.strip()]
         return [Trace.model_validate_json(line) for line in lines]
     except OSError as exc:
-        raise CliError(f"cannot read the genuine traces {path} ({exc})", code=2) from None
+        raise CliError(f"cannot read the genuine traces {path} ({exc}); give them with --traces", code=2) from None
     except ValueError as exc:
         raise CliError(f"{path} is not a JSON-lines trace file ({str(exc).splitlines()[0]})", code=2) from None
 
