@@ -204,6 +204,7 @@ class Finished:
     ops: tuple[DeltaOp, ...]
     quarantined: tuple[tuple[DeltaOp, str], ...] = ()
     corroborated: Corroborated | None = None
+    refused: tuple[tuple[DeltaOp, str], ...] = ()  # operations the screen refused, with its reason (counted only)
 
 
 async def finish_ops(
@@ -241,6 +242,7 @@ async def finish_ops(
     ops = guarded.ops
     meter.quarantine(reason for _, reason in guarded.quarantined)
     meter.normalised += guarded.normalised
+    refused: tuple[tuple[DeltaOp, str], ...] = ()
     if config.screen:
         ops, refused, trimmed = screen_ops(ops)
         meter.refuse(reason for _, reason in refused)
@@ -265,7 +267,8 @@ async def finish_ops(
         at=at,
     )
     meter.hold(corroborated.held)
-    return Finished(corroborated.ops, guarded.quarantined, corroborated if corroborated.held or pending else None)
+    held = corroborated if corroborated.held or pending else None
+    return Finished(corroborated.ops, guarded.quarantined, held, refused)
 
 
 def producers_of(traces: Sequence[Trace]) -> dict[str, str]:
@@ -331,6 +334,7 @@ class WindowResult:
     keyed: KeyedPlan | None = None
     teaching: int = 0  # reflections with at least one insight after the screen: what the reduce planned over
     quarantined: tuple[tuple[DeltaOp, str], ...] = ()  # operations the guard held back, with their reason
+    screened: tuple[tuple[DeltaOp, str], ...] = ()  # operations the screen refused, with its reason
     pending: tuple[PendingLesson, ...] = ()  # the pending pool after the window (combee.corroborate)
 
 
@@ -464,6 +468,7 @@ async def reduce_window(
         keyed=keyed,
         teaching=len(reflections),
         quarantined=finished.quarantined,
+        screened=finished.refused,
         pending=finished.corroborated.pending if finished.corroborated is not None else tuple(pending),
     )
 

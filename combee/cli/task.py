@@ -1,4 +1,5 @@
-"""``combee task formula|finer``: the paper's finance tasks with any OpenAI-compatible model.
+"""``combee task formula|finer``: the paper's finance tasks with any OpenAI-compatible model (``combee task
+redteam``, the red-team suite, is :mod:`combee.cli.task_redteam`).
 
 The agent (generator role) answers the training questions with the empty playbook; the graded answers become
 traces; sequential, naive (one batch) and Combee (one batch, or ``--batch-size``) learn those same traces
@@ -20,24 +21,26 @@ import json
 import os
 import sys
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from combee.cli.base import CliError, Progress, given_options, positive_int
-from combee.redaction import redact_url, strip_query
-from combee.settings import Settings
+from combee.cli.base import CliError, Progress, positive_int
+from combee.cli.task_setup import (
+    LOCAL_BASE_URL,
+    LOCAL_MODEL,
+    display_url,
+    is_simulator,
+    open_endpoint,
+    probe_models,
+    timing_journal,
+)
 from combee.tasks.data import DATA_ENV, default_data_dir
-from combee.wiring import build_llm, build_near_duplicates, method_config
+from combee.wiring import build_near_duplicates, method_config
 
 __all__ = ["add_task_command", "configure_parser", "display_url", "probe_models"]
 
-LOCAL_BASE_URL = "http://127.0.0.1:8090/v1"
-LOCAL_MODEL = "local"
 FULL = (60, 100)  # the issue's acceptance size: >= 60 training traces, >= 100 test questions
-PARTIAL = "partial"  # in the timings journal: learning phases stopped part-way, by their last fully timed step
-TIMINGS = "timings.json"  # in --out: each phase's figures from the run in which the model (not the cache) answered it
 QUICK = (4, 5)  # 569 s measured on the local 1.5B model on 2 cores, alone (docs/benchmarks-history.md)
 METHODS = ("sequential", "naive", "combee")
 NO_LEARNING = "none"  # --methods none: only the empty playbook is evaluated
@@ -89,7 +92,9 @@ def _batches(text: str) -> tuple[int, ...]:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("task", choices=["formula", "finer"])
+    p.add_argument(
+        "task", choices=["formula", "finer", "redteam"], help="a finance task, or redteam: the red-team suite"
+    )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
         "--quick", action="store_true", help=f"{QUICK[0]} training / {QUICK[1]} test questions (explicit sizes win)"
@@ -125,6 +130,10 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="with --overload: variants left out, by name (e.g. sequential, combee-section-b64); recorded in "
         "overload.json's options",
     )
+    p.add_argument(
+        "--n-genuine", type=positive_int, help="with redteam: genuine Formula traces mixed with the attacks (24)"
+    )
+    p.add_argument("--traces", type=Path, help="with redteam: the genuine traces (default: the committed 64)")
     p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")
     p.add_argument(
         "--data-dir",
@@ -158,41 +167,6 @@ def add_task_command(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def display_url(url: str) -> str:
-    """``url`` without its query and fragment, its password redacted."""
-    return redact_url(strip_query(url))
-
-
-def probe_models(base_url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """``GET {base_url}/models``'s model cards. Raises OSError/ValueError when the endpoint does not answer."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(base_url.rstrip("/") + "/models", timeout=timeout_s) as response:
-        doc = json.loads(response.read())
-    data = doc.get("data") if isinstance(doc, dict) else None
-    return [card for card in data or [] if isinstance(card, dict)]
-
-
-def _is_simulator(cards: Sequence[Mapping[str, Any]]) -> bool:
-    return any("combee-sim" in str(card.get("owned_by", "")) for card in cards)
-
-
-def _settings(args: argparse.Namespace, base_url: str | None) -> Any:
-    mapping = {"base_url": "openai_base_url", "model": "model", "llm_concurrency": "llm_max_concurrency",
-               "llm_timeout": "llm_timeout_s"}  # fmt: skip
-    overrides = given_options(args, mapping)
-    if base_url is not None:
-        overrides["openai_base_url"], overrides["model"] = base_url, "combee-sim"
-    try:
-        settings = Settings(**overrides)
-    except Exception as exc:  # pydantic ValidationError: one line, no traceback
-        raise CliError("invalid setting: " + " ".join(str(exc).strip().splitlines()[:3])[:300]) from None
-    # The harness's own defaults where neither an option nor the environment chose: the local model, a few
-    # requests in flight (a CPU server has a few slots) and a timeout long enough for its queue.
-    defaults = {"openai_base_url": LOCAL_BASE_URL, "model": LOCAL_MODEL, "llm_max_concurrency": 4,
-                "llm_timeout_s": 600.0}  # fmt: skip
-    return settings.model_copy(update={k: v for k, v in defaults.items() if k not in settings.model_fields_set})
-
-
 def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[str, Any]:
     from dataclasses import replace
 
@@ -208,67 +182,6 @@ def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[st
             config = replace(config, p=p)
         configs[name] = LearnConfig(method=config, batch_size=1 if method == "sequential" else batch)
     return configs
-
-
-def _timing_journal(out: Path, enabled: bool) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
-    """The timings of earlier runs into ``out`` and the callbacks that record this run's, so a resumed run
-    reports model timings for what it replays from the cache (:func:`combee.tasks.run.with_timing`,
-    :class:`combee.tasks.run.Resumed`).
-
-    Returns ``(timed, steps, on_phase, on_step)``: ``timed`` maps a phase to its figures and when they were
-    measured, ``steps`` maps a learning phase stopped part-way to its last fully timed step. The journal keeps
-    completed phases at the top level and unfinished learning phases under ``"partial"``.
-    """
-    from combee.tasks.run import PhaseStats, StepTiming
-
-    path = out / TIMINGS
-    journal: dict[str, Any] = {}
-    if enabled and path.exists():
-        try:
-            journal = json.loads(path.read_text())
-        except ValueError as exc:
-            raise CliError(f"{path} is not valid JSON ({exc}); delete it to time every phase again", code=2) from None
-    partial: dict[str, Any] = journal.pop(PARTIAL, {})
-    timed = {name: (PhaseStats.from_dict(doc), str(doc.get("measured_at", ""))) for name, doc in journal.items()}
-    steps = {
-        name: StepTiming(int(doc["step"]), PhaseStats.from_dict(doc), str(doc.get("measured_at", "")))
-        for name, doc in partial.items()
-        if isinstance(doc, dict) and isinstance(doc.get("step"), int)
-    }
-
-    def now() -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-    def save() -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
-        doc = {**journal, **({PARTIAL: partial} if partial else {})}
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        tmp.replace(path)
-
-    def model_timed(stats: PhaseStats) -> bool:
-        """Every answer counted was the model's, in this run or in the run a resumed phase continues."""
-        own = stats.timed_at is None or stats.resumed_after is not None  # not a whole phase copied from the journal
-        return bool(enabled and stats.calls and not stats.cached and own)
-
-    def on_phase(name: str, stats: PhaseStats) -> None:
-        if stats.loadavg is None and stats.timed_at is None:  # measured now: how busy the machine was
-            stats.loadavg = os.getloadavg()
-        if not model_timed(stats):
-            return  # nothing measured afresh: keep what the journal has
-        journal[name] = {**stats.as_dict(), "measured_at": now()}
-        partial.pop(name, None)
-        save()
-
-    def on_step(name: str, step: int, stats: PhaseStats) -> None:
-        if not model_timed(stats):
-            return
-        earlier = partial.get(name, {})
-        measured_at = stats.timed_at or now()  # a resumed phase keeps the stamp of the run it continues
-        partial[name] = {**stats.as_dict(), "step": step, "measured_at": earlier.get("measured_at", measured_at)}
-        save()
-
-    return timed, steps, on_phase, on_step
 
 
 def _write_outputs(out: Path, result: Any, doc: Mapping[str, Any]) -> None:
@@ -313,32 +226,8 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     batch = args.batch_size or n_train
 
     async with contextlib.AsyncExitStack() as stack:
-        sim_url = None
-        if args.sim:
-            from combee.sim.config import SimConfig
-            from combee.sim.runner import SimThread
-
-            sim = stack.enter_context(SimThread(SimConfig(seed=args.seed, time_scale=args.sim_time_scale),
-                                                world="combee"))  # fmt: skip
-            sim_url = sim.base_url
-            err.write(f"combee task: SIMULATED model (Combee simulator, in this process) at {sim_url}\n")
-        settings = _settings(args, sim_url)
+        settings, cards, llm_for, cache_root = await open_endpoint(args, stack, err)
         endpoint = display_url(settings.openai_base_url)
-        try:
-            cards = await asyncio.to_thread(probe_models, settings.openai_base_url)
-        except (OSError, ValueError) as exc:
-            raise CliError(f"cannot reach the model at {endpoint}/models ({exc})", code=3) from None
-        cache_root = None if args.no_cache else (args.cache_dir or args.out / "cache")
-
-        @contextlib.asynccontextmanager
-        async def llm_for(phase: str) -> AsyncIterator[Any]:
-            phase_settings = settings.model_copy(update={"cache_dir": cache_root / phase if cache_root else None})
-            llm = build_llm(phase_settings)
-            try:
-                yield llm
-            finally:
-                await llm.aclose()
-
         # the de-duplicator `combee learn` and the workers use (COMBEE_EMBEDDINGS), so the harness measures them
         dedup = build_near_duplicates(settings, log=None if args.quiet else lambda m: err.write(f"combee task: {m}\n"))
         if args.overload:
@@ -352,7 +241,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             dedup=dedup,
         )
         load_start = os.getloadavg()
-        timed, steps, on_phase, on_step = _timing_journal(args.out, enabled=cache_root is not None)
+        timed, steps, on_phase, on_step = timing_journal(args.out, enabled=cache_root is not None)
         result = await run_harness(
             config, llm_for, progress=lambda label: Progress(label, err, quiet=args.quiet), timed=timed,
             on_phase=on_phase, steps=steps, on_step=on_step,
@@ -364,7 +253,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     simulated_answers = sum(s.simulated for s in result.phases.values())
     meta = {
         "task": spec.name,
-        "simulated": _is_simulator(cards) or (answers > 0 and simulated_answers == answers),
+        "simulated": is_simulator(cards) or (answers > 0 and simulated_answers == answers),
         "model": settings.model_for(Role.GENERATOR),
         "models": {role.value: model for role, model in settings.models().items()},
         "endpoint": endpoint,
@@ -424,7 +313,7 @@ async def _run_overload(
         dedup=dedup,
     )
     load_start = os.getloadavg()
-    timed, _, on_phase, _ = _timing_journal(args.out, enabled=not args.no_cache)
+    timed, _, on_phase, _ = timing_journal(args.out, enabled=not args.no_cache)
     result = await run_overload(
         config, llm_for, progress=lambda label: Progress(label, err, quiet=args.quiet), timed=timed,
         on_phase=on_phase,
@@ -433,7 +322,7 @@ async def _run_overload(
     simulated_answers = sum(s.simulated for s in result.phases.values())
     meta = {
         "task": spec.name,
-        "simulated": _is_simulator(cards) or (answers > 0 and simulated_answers == answers),
+        "simulated": is_simulator(cards) or (answers > 0 and simulated_answers == answers),
         "model": settings.model_for(Role.CURATOR),
         "endpoint": display_url(settings.openai_base_url),
         "seed": args.seed,
@@ -496,6 +385,10 @@ def _grading(task: str) -> dict[str, str]:
 
 
 def cmd_task(args: argparse.Namespace) -> int:
+    if args.task == "redteam":
+        from combee.cli.task_redteam import cmd_redteam
+
+        return cmd_redteam(args)
     started = time.monotonic()
     doc = asyncio.run(_run(args, sys.stderr))
     if args.overload:

@@ -1,0 +1,152 @@
+"""The red-team suite (issue 25, item 5; ``combee task redteam``): crafted attack traces mixed with genuine ones,
+learned with the project's default method, to see what reaches the live prompt.
+
+1. **Seed.** The attacks meet an established playbook: the hand-written genuine Formula lessons of
+   :data:`combee.tasks.redteam_cases.SEED_LESSONS`, each helpful a few times (no model call: the targets of
+   ``harmful_tags`` and ``near_duplicate`` are then known bullets, the same in every run).
+2. **Mix.** ``n_genuine`` of the real model's Formula traces (a seeded pick), and every attack of
+   :func:`~combee.tasks.redteam_cases.all_cases`, in one seeded shuffle (:func:`mix`).
+3. **Learn.** The mixed traces, in windows of ``batch`` traces, through :func:`combee.engine.run_window` with the
+   configuration given (the CLI passes the defaults: Combee, the default reduce shape, screen and guard on). The
+   final playbook, every quarantined operation with its reason (the guard, :mod:`combee.guard`), every operation
+   the screen refused (:mod:`combee.screen`) and the meter (which also counts the insights the screen refused in
+   the reflector) are kept for the report (:mod:`combee.tasks.redteam_report`).
+
+One LLM phase, ``learn``, with its own response cache: a rerun into the same directory replays it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from combee.corroborate import PendingLesson
+from combee.embeddings import NearDuplicates
+from combee.engine import MethodConfig, Window, run_window
+from combee.meter import Meter
+from combee.models import DeltaOp, Playbook, Trace
+from combee.tasks.redteam_cases import Case, seeded_playbook
+from combee.tasks.run import LLMFactory, MeteredLLM, PhaseDone, PhaseStats, ProgressFactory, with_timing
+
+__all__ = [
+    "LEARN_PHASE",
+    "RedTeamConfig",
+    "RedTeamResult",
+    "mix",
+    "pick_genuine",
+    "run_redteam",
+    "windows",
+]
+
+LEARN_PHASE = "learn"
+
+
+def pick_genuine(traces: Sequence[Trace], n: int, seed: int) -> list[Trace]:
+    """``n`` of ``traces`` (all of them when fewer), drawn by ``seed`` from the traces sorted by id, in id order:
+    the same pick whatever order the file lists them in."""
+    ordered = sorted(traces, key=lambda t: t.trace_id)
+    if n >= len(ordered):
+        return ordered
+    chosen = sorted(random.Random(f"redteam-genuine:{seed}").sample(range(len(ordered)), n))
+    return [ordered[i] for i in chosen]
+
+
+def mix(genuine: Sequence[Trace], cases: Sequence[Case], seed: int) -> list[Trace]:
+    """The genuine traces and the attacks' traces in one shuffle seeded by ``seed``. Raises ValueError when two
+    traces share an id (the report tells attacks from genuine traces by id)."""
+    traces = [*genuine, *(c.trace for c in cases)]
+    ids = [t.trace_id for t in traces]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a trace id appears twice among the genuine traces and the attacks")
+    random.Random(f"redteam-mix:{seed}").shuffle(traces)
+    return traces
+
+
+def windows(n: int, batch: int) -> list[tuple[int, int]]:
+    """The windows over ``n`` traces, ``batch`` at a time: (first, last) offsets, inclusive."""
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    return [(i, min(i + batch, n) - 1) for i in range(0, n, batch)]
+
+
+@dataclass(frozen=True)
+class RedTeamConfig:
+    genuine: Sequence[Trace]  # the genuine traces already picked
+    cases: Sequence[Case]
+    method: MethodConfig
+    batch: int
+    seed: int = 0
+    dedup: NearDuplicates | None = None
+
+
+@dataclass
+class RedTeamResult:
+    config: RedTeamConfig
+    seeded: Playbook
+    playbook: Playbook  # after every window
+    traces: list[Trace]  # in the order learned
+    quarantined: list[tuple[DeltaOp, str]]  # every window's, in order: the operation and the guard's reason
+    screened: list[tuple[DeltaOp, str]]  # the operations the screen refused, with its reason (not its insights)
+    meter: Meter
+    windows: int
+    pending: int  # lessons still waiting for corroboration at the end
+    phases: dict[str, PhaseStats] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+async def run_redteam(
+    config: RedTeamConfig,
+    llm_for: LLMFactory,
+    *,
+    progress: ProgressFactory,
+    clock: Callable[[], float] = time.monotonic,
+    timed: dict[str, tuple[PhaseStats, str]] | None = None,
+    on_phase: PhaseDone | None = None,
+) -> RedTeamResult:
+    """Run the three steps of the module docstring. LLM-layer errors propagate (the endpoint is down)."""
+    started = clock()
+    seeded = seeded_playbook()
+    traces = mix(config.genuine, config.cases, config.seed)
+    playbook = seeded
+    pending: tuple[PendingLesson, ...] = ()
+    quarantined: list[tuple[DeltaOp, str]] = []
+    screened: list[tuple[DeltaOp, str]] = []
+    meter = Meter()
+    stats = PhaseStats()
+    spans = windows(len(traces), config.batch)
+    bar = progress(f"learn ({len(traces)} traces, {len(spans)} windows)")
+    t0 = clock()
+    async with llm_for(LEARN_PHASE) as llm:
+        metered = MeteredLLM(llm, stats)
+        for i, (first, last) in enumerate(spans):
+            window = Window(seeded.namespace, "redteam", first, last, tuple(traces[first : last + 1]))
+            result = await run_window(
+                window, playbook, metered, config.method, clock=clock, dedup=config.dedup, pending=pending
+            )
+            playbook, pending = result.playbook, result.pending
+            quarantined.extend(result.quarantined)
+            screened.extend(result.screened)
+            meter.absorb(result.meter)
+            bar.update(i + 1, len(spans), f"{len(playbook.bullets)} bullets, {len(quarantined)} quarantined")
+    stats.wall_s = clock() - t0
+    bar.close()
+    earlier = (timed or {}).get(LEARN_PHASE)
+    if earlier is not None:
+        stats = with_timing(stats, earlier[0], earlier[1])
+    if on_phase is not None:
+        on_phase(LEARN_PHASE, stats)
+    return RedTeamResult(
+        config=config,
+        seeded=seeded,
+        playbook=playbook,
+        traces=traces,
+        quarantined=quarantined,
+        screened=screened,
+        meter=meter,
+        windows=len(spans),
+        pending=len(pending),
+        phases={LEARN_PHASE: stats},
+        wall_s=clock() - started,
+    )
