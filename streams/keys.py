@@ -70,6 +70,10 @@ class RedisKeys:
     def decisions(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:decisions"
 
+    def validation(self, namespace: str) -> str:
+        """The namespace's own validation set for the gate (JSON lines; absent: the worker's default)."""
+        return f"{self._ns(namespace)}:validation"
+
     def quarantine(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:quarantine"
 

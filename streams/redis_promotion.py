@@ -169,6 +169,17 @@ class RedisPromotion:
         found = parse_decisions({decision_id: raw}) if raw is not None else []
         return found[0] if found else None
 
+    async def validation(self, namespace: str) -> str | None:
+        """The namespace's own validation set for the gate (JSON-lines text), or None: it has none."""
+        return reply_text(await cast(Awaitable[Any], self._redis.get(self.keys.validation(namespace))))
+
+    async def set_validation(self, namespace: str, text: str | None) -> None:
+        """Keep ``text`` as the namespace's validation set (None: drop it; the workers' default applies)."""
+        if text is None:
+            await cast(Awaitable[Any], self._redis.delete(self.keys.validation(namespace)))
+        else:
+            await cast(Awaitable[Any], self._redis.set(self.keys.validation(namespace), text))
+
     async def ensure(self, namespace: str, policy: Policy, fraction: float, *, at: float) -> bool:
         """Write ``policy`` as ``namespace``'s policy unless it has one; True when written."""
         keys = (self.keys.serving(namespace), self.keys.current(namespace))

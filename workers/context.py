@@ -114,6 +114,8 @@ class StageContext:
     pending: PendingStore | None = None
     # the namespaces' serving states and decisions (workers/promotion.py); None: promotion is not handled
     serving: RedisPromotion | None = None
+    # the candidate each gated namespace was last said to wait with (workers/gate.py logs a wait once)
+    gate_waits: dict[str, int] = field(default_factory=dict)
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

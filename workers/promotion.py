@@ -2,8 +2,9 @@
 
 Two entries. The combiner hands it an operator's ``promote`` / ``reject`` control record (in order with the
 namespace's partials, under the namespace's lock), and :func:`promotion_loop` checks, every
-``promotion.check_s``, the namespaces whose combiner this process runs: a canary's outcomes (promote or reject)
-and the live version's outcomes against its predecessor's (roll back). Every decision is recorded in Redis with
+``promotion.check_s``, the namespaces whose combiner this process runs: a canary's outcomes (promote or reject),
+a gated candidate's answers on the validation set (workers/gate.py: promote or reject) and the live version's
+outcomes against its predecessor's (roll back). Every decision is recorded in Redis with
 its evidence by one script that applies it once (streams/redis_promotion.py).
 
 A rejection, and a rollback, change the playbook the next window builds on, so they are committed by the
@@ -25,6 +26,7 @@ from streams.control_auth import sign
 from streams.envelopes import Control
 from workers.commit import commit_control, is_current, snapshot_of
 from workers.context import StageContext
+from workers.gate import gate_decision
 from workers.runtime import NamespaceRuntime
 
 __all__ = [
@@ -137,7 +139,8 @@ async def restore_live(ctx: StageContext, rt: NamespaceRuntime, live: int | None
 
 
 async def check_namespace(ctx: StageContext, rt: NamespaceRuntime, now: float) -> Decision | None:
-    """One check of a namespace this process owns: a canary's decision, else a rollback on outcomes; acted on.
+    """One check of a namespace this process owns: a canary's or the gate's decision, else a rollback on outcomes;
+    acted on.
     Returns the decision taken (None: nothing to do, or not this process's namespace)."""
     if ctx.serving is None or ctx.outcomes is None or rt.tenure is None or not is_current(ctx, rt.tenure):
         return None
@@ -149,6 +152,12 @@ async def check_namespace(ctx: StageContext, rt: NamespaceRuntime, now: float) -
     counts = await ctx.outcomes.store.counts(rt.namespace)
     rule = ctx.config.promotion.rule
     decision = decide_canary(state, head, counts, rule, at=now)
+    if decision is None and state.policy == "gate":
+        decision = await gate_decision(ctx, rt.namespace, state, head, now)
+        if decision is not None:  # the evaluation took time: the owner and the head may have moved
+            if not is_current(ctx, rt.tenure):
+                return None
+            head = await ctx.serving.head(rt.namespace) or head
     if decision is None and ctx.config.promotion.rollback_on_outcomes:
         if state.policy == "direct":
             from_rollback = (history[0].meta or {}).get("rollback_to") is not None
