@@ -86,6 +86,8 @@ class PromotionConfig:
     gate_tasks: tuple[ValidationTask, ...] = ()
     gate_source: str = ""
     gate_grader: str = "exact"  # the grader of a namespace's own validation lines that name none
+    gate_holdout: float = 0.0  # the share of traces with ground truth held out as validation tasks (0: none)
+    gate_holdout_max: int = 1000  # held-out tasks kept per namespace
 
 
 @dataclass(frozen=True)

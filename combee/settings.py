@@ -158,6 +158,11 @@ class Settings(StreamSettings):
     promotion_gate_margin: float = Field(default=0.05, ge=0, lt=1)
     promotion_gate_min_pairs: int = Field(default=30, ge=1)
     promotion_gate_concurrency: int = Field(default=4, ge=1)
+    # A share of the traces that carry feedback.ground_truth, chosen by a hash of (namespace, trace id), is held out:
+    # never reflected on, kept (at most `promotion_gate_holdout_max` per namespace) as gate validation tasks graded
+    # by `promotion_gate_grader`. 0: off. Applies to every namespace of the worker, whatever its policy.
+    promotion_gate_holdout: float = Field(default=0.0, ge=0, lt=1)
+    promotion_gate_holdout_max: int = Field(default=1000, ge=1)
 
     # --- operations (docs/operations.md) ---
     # Prometheus metrics of a worker on http://<metrics_host>:<metrics_port>/metrics; unset: no metrics, no port.

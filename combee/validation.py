@@ -21,7 +21,7 @@ from typing import Any
 from combee.errors import ConfigError
 from combee.graders import JUDGE, make_grader
 
-__all__ = ["ValidationTask", "parse_validation"]
+__all__ = ["ValidationTask", "parse_validation", "validation_line"]
 
 _KEYS = frozenset({"id", "task", "truth", "grader", "params"})
 
@@ -35,6 +35,14 @@ class ValidationTask:
     truth: str
     grader: str = "exact"
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+
+def validation_line(task: ValidationTask) -> str:
+    """``task`` as one line of a validation file (what :func:`parse_validation` reads back)."""
+    record: dict[str, Any] = {"id": task.id, "task": task.task, "truth": task.truth, "grader": task.grader}
+    if task.params:
+        record["params"] = dict(task.params)
+    return json.dumps(record, ensure_ascii=False, sort_keys=True)
 
 
 def _task_of(obj: Any, line: int, default_grader: str) -> ValidationTask:

@@ -246,4 +246,6 @@ def promotion_config(settings: Settings) -> PromotionConfig:
         gate_tasks=gate_validation(settings),
         gate_source=f"file:{source.name}" if source is not None else "",
         gate_grader=settings.promotion_gate_grader,
+        gate_holdout=settings.promotion_gate_holdout,
+        gate_holdout_max=settings.promotion_gate_holdout_max,
     )

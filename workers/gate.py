@@ -14,29 +14,55 @@ from collections import Counter
 
 from combee.errors import ConfigError
 from combee.gate import decide_gate, evaluate, too_few_tasks
-from combee.models import Playbook
+from combee.holdout import holdout_task
+from combee.models import Playbook, Trace
 from combee.promotion import Decision
 from combee.serving import Serving, pending_candidate
-from combee.validation import ValidationTask, parse_validation
+from combee.validation import ValidationTask, parse_validation, validation_line
 from workers.context import StageContext
 
-__all__ = ["gate_decision", "validation_set"]
+__all__ = ["gate_decision", "keep_holdout", "validation_set"]
 
 log = logging.getLogger("combee.worker.gate")
 
 
-async def validation_set(ctx: StageContext, namespace: str) -> tuple[tuple[ValidationTask, ...], str]:
-    """The namespace's validation tasks and where they come from (``redis`` or ``file:<name>``). A set kept in
-    Redis that no longer parses is logged and treated as empty (the candidate waits)."""
+async def keep_holdout(ctx: StageContext, namespace: str, held: tuple[Trace, ...]) -> None:
+    """Keep a window's held-out traces as the namespace's validation tasks (each once, within the cap). Redis
+    failing is logged and the window goes on: a held-out trace is never learned from, kept or not."""
+    if not held or ctx.serving is None:
+        return
     promotion = ctx.config.promotion
-    own = await ctx.serving.validation(namespace) if ctx.serving is not None else None
-    if own is None:
-        return promotion.gate_tasks, promotion.gate_source
+    lines = {t.trace_id: validation_line(holdout_task(t, promotion.gate_grader)) for t in held}
     try:
-        return parse_validation(own, default_grader=promotion.gate_grader, source=f"{namespace}'s validation"), "redis"
+        await ctx.serving.hold_out(namespace, lines, cap=promotion.gate_holdout_max)
+    except Exception as exc:  # the learning of the window must not wait on the validation set
+        log.warning("%s: %d held-out traces not kept: %s", namespace, len(held), exc)
+
+
+def _parsed(text: str, namespace: str, what: str, grader: str) -> tuple[ValidationTask, ...]:
+    try:
+        return parse_validation(text, default_grader=grader, source=f"{namespace}'s {what}")
     except ConfigError as exc:
-        log.error("%s: the gate's validation set in Redis is unusable: %s", namespace, exc)
-        return (), "redis"
+        log.error("%s: the gate's %s in Redis is unusable: %s", namespace, what, exc)
+        return ()
+
+
+async def validation_set(ctx: StageContext, namespace: str) -> tuple[tuple[ValidationTask, ...], str]:
+    """The namespace's validation tasks and where they come from: its own set (``redis``) or the worker's default
+    (``file:<name>``), then its held-out traces (``+holdout``). A set kept in Redis that no longer parses is
+    logged and left out."""
+    promotion = ctx.config.promotion
+    if ctx.serving is None:
+        return promotion.gate_tasks, promotion.gate_source
+    own = await ctx.serving.validation(namespace)
+    tasks, source = promotion.gate_tasks, promotion.gate_source
+    if own is not None:
+        tasks, source = _parsed(own, namespace, "validation set", promotion.gate_grader), "redis"
+    held = await ctx.serving.held_out(namespace)
+    if held:
+        tasks = (*tasks, *_parsed("\n".join(held), namespace, "held-out traces", promotion.gate_grader))
+        source = f"{source}+holdout" if source else "holdout"
+    return tasks, source
 
 
 async def _playbook(ctx: StageContext, namespace: str, version: int) -> Playbook | None:

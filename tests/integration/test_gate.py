@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio
 
 from combee.serving import pending_candidate
 from combee.sim.config import SimConfig
 from combee.sim.runner import SimProcess
 from streams.client import PromptClient, PromptUnavailable
-from streams.redis_promotion import SERVING_FIELDS, parse_decisions, parse_serving
+from streams.keys import RedisKeys
+from streams.redis_promotion import SERVING_FIELDS, RedisPromotion, parse_decisions, parse_serving
 from tests.integration.pipeline import Pipeline
-from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip
+from tests.integration.streams_support import kafka_bootstrap_or_skip, redis_url_or_skip, unique
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -175,3 +177,19 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
     restored = [d for d in pipe.deltas(NS) if d.window_id.startswith(f"{NS}/reject/")]
     assert restored and all(d.rollback_to is not None for d in restored)
     assert generator.calls >= 2 * TASKS
+
+
+async def test_held_out_traces_are_kept_once_within_the_cap_and_a_namespace_keeps_its_own_set() -> None:
+    client = redis.asyncio.from_url(redis_url_or_skip())
+    promotion = RedisPromotion(client, RedisKeys(unique("it-gate")))
+    try:
+        assert await promotion.hold_out(NS, {"t2": "two", "t1": "one"}, cap=3) == 2
+        assert await promotion.hold_out(NS, {"t1": "changed", "t3": "three", "t4": "four"}, cap=3) == 1
+        assert await promotion.held_out(NS) == ["one", "two", "three"]  # t1 kept as it was; t4 over the cap
+        assert await promotion.validation(NS) is None
+        await promotion.set_validation(NS, '{"task": "t", "truth": "x"}')
+        assert await promotion.validation(NS) == '{"task": "t", "truth": "x"}'
+        await promotion.set_validation(NS, None)
+        assert await promotion.validation(NS) is None
+    finally:
+        await client.aclose()

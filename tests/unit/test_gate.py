@@ -11,12 +11,13 @@ import pytest
 from combee.errors import ConfigError, LLMParseError
 from combee.gate import PairedScores, decide_gate, evaluate, pair_scores, too_few_tasks
 from combee.graders import Score, grader_names, make_grader, normalise, set_f1
+from combee.holdout import held_out, holdout_task, split_holdout
 from combee.judge import judge_request, judge_schema, parse_judgement
 from combee.llm import ChatRequest, Role
-from combee.models import Playbook
+from combee.models import Feedback, Playbook, Trace
 from combee.promotion import GateRule
 from combee.serving import Serving
-from combee.validation import ValidationTask, parse_validation
+from combee.validation import ValidationTask, parse_validation, validation_line
 from tests.fakes import ScriptedLLM, user_text
 from tests.unit.test_dedup import bullet
 
@@ -239,3 +240,28 @@ async def test_a_judge_answer_that_does_not_parse_grades_the_answer_wrong() -> N
 
     got = await evaluate(ScriptedLLM(script), numbered(1, "judge"), GOOD, GOOD, concurrency=1)
     assert got.neither == 1
+
+
+# --- held-out traces ---
+
+
+def traced(i: int, truth: str | None = "42") -> Trace:
+    return Trace(trace_id=f"t-{i}", namespace="ns", task=f"task {i}", feedback=Feedback(ground_truth=truth))
+
+
+def test_the_held_out_share_is_stable_close_to_the_setting_and_grows_by_adding() -> None:
+    traces = [traced(i) for i in range(20_000)]
+    at_10 = {t.trace_id for t in traces if held_out(t, 0.1)}
+    assert abs(len(at_10) / len(traces) - 0.1) < 0.01
+    assert at_10 == {t.trace_id for t in traces if held_out(t, 0.1)}  # the same choice every time
+    assert at_10 < {t.trace_id for t in traces if held_out(t, 0.2)}  # a larger share only adds traces
+    assert not any(held_out(t, 0.0) for t in traces[:100])
+
+
+def test_only_traces_with_ground_truth_are_held_out_and_they_read_back_as_tasks() -> None:
+    assert not any(held_out(traced(i, truth), 0.99) for i in range(50) for truth in (None, "  "))
+    learn, held = split_holdout([traced(i) for i in range(50)], 0.5)
+    assert len(learn) + len(held) == 50 and learn and held
+    assert not {t.trace_id for t in learn} & {t.trace_id for t in held}
+    task = holdout_task(held[0], "numeric")
+    assert parse_validation(validation_line(task)) == (task,)

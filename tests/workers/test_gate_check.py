@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from combee.holdout import holdout_position
 from combee.llm import ChatRequest, Role
 from combee.models import Playbook
 from combee.promotion import GateRule
@@ -24,13 +25,15 @@ from combee.serving import Serving
 from combee.validation import ValidationTask
 from streams.codec import decode
 from streams.envelopes import Control
-from tests.fakes import ScriptedLLM
+from tests.fakes import ScriptedLLM, block_lines, echo_script
 from tests.unit.test_dedup import bullet
 from tests.unit.test_gate import BAD_LESSON, numbered, per_playbook
-from tests.workers.test_stages import MemoryKafka, learner
+from tests.workers.test_stages import Event, MemoryKafka, Msg, Stream, learner, run_until_quiet
 from workers.context import StageContext
+from workers.gate import validation_set
 from workers.promotion import check_namespace
 from workers.tenure import Tenure
+from workers.window import handle_trace
 
 NS = "gated"
 GOOD = (bullet(1, "read the number carefully"),)
@@ -44,6 +47,17 @@ class MemoryPromotion:
     head_version: int
     decisions: dict[str, dict] = field(default_factory=dict)
     own_validation: str | None = None
+    kept: dict[str, str] = field(default_factory=dict)  # held-out traces: trace id -> task line
+
+    async def hold_out(self, namespace: str, tasks: dict[str, str], *, cap: int) -> int:
+        added = 0
+        for trace_id, line in sorted(tasks.items()):
+            if trace_id not in self.kept and len(self.kept) < cap:
+                self.kept[trace_id], added = line, added + 1
+        return added
+
+    async def held_out(self, namespace: str) -> list[str]:
+        return [self.kept[k] for k in sorted(self.kept)]
 
     async def serving(self, namespace: str) -> Serving:
         return self.state
@@ -209,3 +223,41 @@ async def test_the_first_version_is_promoted_without_an_evaluation() -> None:
     ctx, rt = worker(kafka, llm, promotion, store)
     decision = await check_namespace(ctx, rt, 10.0)
     assert decision is not None and (decision.action, decision.serve) == ("promote", 1) and llm.requests == []
+
+
+# --- held-out traces ---
+
+
+def with_truth(ns: str, i: int) -> bytes:
+    body = {
+        "namespace": ns,
+        "trace_id": f"{ns}-{i}",
+        "task": f"What is {100 + i}?",
+        "feedback": {"ground_truth": str(100 + i)},
+    }
+    return json.dumps(body).encode()
+
+
+async def test_held_out_traces_are_never_reflected_on_and_become_validation_tasks() -> None:
+    kafka, stream, seen = MemoryKafka(), Stream(), set()
+    llm = ScriptedLLM(echo_script)
+    promotion = gated()
+    ctx, _ = worker(kafka, llm, promotion, MemoryStore({}))
+    promo = dataclasses.replace(ctx.config.promotion, gate_holdout=0.3, gate_holdout_max=100, gate_grader="numeric")
+    ctx.config = dataclasses.replace(ctx.config, promotion=promo)
+    ctx.outcomes = None  # outcomes are not this test's concern (tests/workers/test_outcomes_stage.py)
+    part = ctx.home_partition(NS)
+    for _ in range(2):  # the second pass is a redelivery of the same records
+        for i in range(40):
+            offset = await kafka.send(ctx.topics.traces, NS.encode(), with_truth(NS, i), part)
+            await handle_trace(ctx, stream, Event(Msg(ctx.topics.traces, part, offset, NS.encode(), with_truth(NS, i))))
+        await run_until_quiet(ctx, kafka, stream, seen)
+    held = {f"{NS}-{i}" for i in range(40) if holdout_position(NS, f"{NS}-{i}") < 0.3}
+    assert 0 < len(held) < 40 and set(promotion.kept) == held
+    reflected = {block_lines(r, "trace")[0]["task"] for r in llm.calls(Role.REFLECTOR)}
+    assert reflected == {f"What is {100 + i}?" for i in range(40) if f"{NS}-{i}" not in held}
+    bullets = {b.content for b in ctx.snapshots.get(NS).playbook.bullets}  # type: ignore[union-attr]
+    assert bullets and not bullets & {f"lesson: What is {100 + int(t.rsplit('-', 1)[1])}?" for t in held}
+    tasks, source = await validation_set(ctx, NS)
+    assert source == "file:v.jsonl+holdout" and len(tasks) == 30 + len(held)
+    assert {(t.id, t.grader) for t in tasks[30:]} == {(f"trace:{t}", "numeric") for t in held}
