@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("combee.worker.promotion")
+RESTORE_GRACE_S = 30.0  # a rejection's new head not committed this long after the decision is asked for again
 
 
 def reject_window_id(namespace: str, version: int) -> str:
@@ -149,6 +150,7 @@ async def check_namespace(ctx: StageContext, rt: NamespaceRuntime, now: float) -
         return None
     head = history[0].version
     state = await ctx.serving.serving(rt.namespace)
+    await _ask_restore_again(ctx, rt, state, head, now)
     counts = await ctx.outcomes.store.counts(rt.namespace)
     rule = ctx.config.promotion.rule
     decision = decide_canary(state, head, counts, rule, at=now)
@@ -173,6 +175,32 @@ async def check_namespace(ctx: StageContext, rt: NamespaceRuntime, now: float) -
         await _send_control(ctx, rt, Control(namespace=rt.namespace, kind=kind, to_version=target,
                                              actor=f"combee:{decision.decided_by}", requested_at=now))  # fmt: skip
     return decision
+
+
+async def _ask_restore_again(ctx: StageContext, rt: NamespaceRuntime, state: Serving, head: int, now: float) -> None:
+    """A rejection is recorded but its new head (the live content) was never committed: the process that recorded
+    it stopped before its control record reached Kafka. Ask again, once per process and only after a grace time;
+    a request that was merely slow is then a duplicate, which the combiner ignores (once per window id)."""
+    assert ctx.serving is not None
+    if state.policy == "direct" or head > state.rejected_through:
+        return
+    rejects = [d for d in await ctx.serving.decisions(rt.namespace) if d.get("action") == "reject"]
+    if not rejects:
+        return
+    last = rejects[-1]
+    version = int(last.get("version") or 0)
+    wid = reject_window_id(rt.namespace, version)
+    snap = snapshot_of(rt)
+    grace = max(RESTORE_GRACE_S, 3 * ctx.config.promotion.check_s)
+    if now - float(last.get("at") or 0.0) < grace or (snap is not None and wid in snap.applied):
+        return
+    if wid in ctx.restores_asked:
+        return
+    ctx.restores_asked.add(wid)
+    log.warning("%s: the rejection of v%d was never committed as a new head: asking the combiner again", rt.namespace,
+                version)  # fmt: skip
+    await _send_control(ctx, rt, Control(namespace=rt.namespace, kind="reject", to_version=version,
+                                         actor="combee:restore", requested_at=now))  # fmt: skip
 
 
 async def _send_control(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:

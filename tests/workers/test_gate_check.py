@@ -45,7 +45,7 @@ class MemoryPromotion:
 
     state: Serving
     head_version: int
-    decisions: dict[str, dict] = field(default_factory=dict)
+    decisions_by_id: dict[str, dict] = field(default_factory=dict)
     own_validation: str | None = None
     kept: dict[str, str] = field(default_factory=dict)  # held-out traces: trace id -> task line
 
@@ -66,14 +66,17 @@ class MemoryPromotion:
         return self.head_version
 
     async def decision(self, namespace: str, decision_id: str) -> dict | None:
-        return self.decisions.get(decision_id)
+        return self.decisions_by_id.get(decision_id)
+
+    async def decisions(self, namespace: str) -> list[dict]:
+        return sorted(self.decisions_by_id.values(), key=lambda d: d["at"])
 
     async def validation(self, namespace: str) -> str | None:
         return self.own_validation
 
     async def decide(self, namespace: str, decision: dict, *, expect_live: Any = "*", new_live: int | None = None,
                      rejected_through: int | None = None, above_rejected: int | None = None) -> str:  # fmt: skip
-        if decision["id"] in self.decisions:
+        if decision["id"] in self.decisions_by_id:
             return "exists"
         if expect_live != "*" and expect_live != self.state.live:
             return "stale"
@@ -85,7 +88,7 @@ class MemoryPromotion:
         if rejected_through is not None:
             s = dataclasses.replace(s, rejected_through=rejected_through)
         self.state = dataclasses.replace(s, serial=s.serial + 1)
-        self.decisions[decision["id"]] = decision
+        self.decisions_by_id[decision["id"]] = decision
         return "done"
 
 
@@ -143,7 +146,7 @@ async def test_a_worse_candidate_is_rejected_once_and_the_combiner_asked_for_the
     assert decision is not None and (decision.action, decision.version, decision.serve) == ("reject", 4, 3)
     assert decision.decided_by == "gate" and decision.evidence["pairs"]["baseline_only"] == 27  # type: ignore[index]
     assert (promotion.state.live, promotion.state.rejected_through) == (3, 4)
-    assert promotion.decisions["reject/v4"]["evidence"]["validation"] == {
+    assert promotion.decisions_by_id["reject/v4"]["evidence"]["validation"] == {
         "source": "file:v.jsonl", "tasks": 30, "graders": {"numeric": 30},
     }  # fmt: skip
     assert [(c.kind, c.to_version, c.actor) for c in controls(kafka, ctx)] == [("reject", 4, "combee:gate")]
@@ -169,7 +172,7 @@ async def test_a_validation_set_below_the_minimum_waits_without_asking_the_model
     ctx, rt = worker(kafka, llm, promotion, MemoryStore(versions(BAD_LESSON)), tasks=numbered(5))
     assert await check_namespace(ctx, rt, 10.0) is None
     assert await check_namespace(ctx, rt, 11.0) is None
-    assert llm.requests == [] and promotion.decisions == {} and ctx.gate_waits == {NS: 4}
+    assert llm.requests == [] and promotion.decisions_by_id == {} and ctx.gate_waits == {NS: 4}
 
 
 async def test_a_namespaces_own_validation_set_in_redis_wins_over_the_default() -> None:
@@ -197,7 +200,7 @@ async def test_an_evaluation_that_fails_half_way_decides_nothing_and_the_next_ch
     ctx, rt = worker(kafka, ScriptedLLM(flaky), promotion, MemoryStore(versions(BAD_LESSON)))
     with pytest.raises(ConnectionError):
         await check_namespace(ctx, rt, 10.0)
-    assert promotion.decisions == {} and controls(kafka, ctx) == []
+    assert promotion.decisions_by_id == {} and controls(kafka, ctx) == []
     decision = await check_namespace(ctx, rt, 11.0)
     assert decision is not None and decision.action == "reject"
     assert await check_namespace(ctx, rt, 12.0) is None and len(controls(kafka, ctx)) == 1
@@ -213,7 +216,7 @@ async def test_an_owner_that_lost_the_namespace_during_the_evaluation_records_no
 
     ctx.llm = ScriptedLLM(revoke_midway)
     assert await check_namespace(ctx, rt, 10.0) is None
-    assert promotion.decisions == {} and controls(kafka, ctx) == []
+    assert promotion.decisions_by_id == {} and controls(kafka, ctx) == []
 
 
 async def test_the_first_version_is_promoted_without_an_evaluation() -> None:
@@ -261,3 +264,19 @@ async def test_held_out_traces_are_never_reflected_on_and_become_validation_task
     tasks, source = await validation_set(ctx, NS)
     assert source == "file:v.jsonl+holdout" and len(tasks) == 30 + len(held)
     assert {(t.id, t.grader) for t in tasks[30:]} == {(f"trace:{t}", "numeric") for t in held}
+
+
+async def test_a_rejection_whose_new_head_was_never_asked_for_is_asked_for_again_once() -> None:
+    kafka, promotion = MemoryKafka(), gated()
+    ctx, rt = worker(kafka, ScriptedLLM(per_playbook), promotion, MemoryStore(versions(BAD_LESSON)))
+    decision = {"id": "reject/v4", "action": "reject", "version": 4, "decided_by": "gate", "at": 100.0}
+    assert await promotion.decide(NS, decision, expect_live=3, rejected_through=4, above_rejected=4) == "done"
+    # the process that recorded it stopped here, before its control record reached Kafka
+    assert await check_namespace(ctx, rt, 110.0) is None and controls(kafka, ctx) == []  # within the grace time
+    await check_namespace(ctx, rt, 140.0)
+    await check_namespace(ctx, rt, 150.0)
+    assert [(c.kind, c.to_version, c.actor) for c in controls(kafka, ctx)] == [("reject", 4, "combee:restore")]
+    restarted, rt2 = worker(kafka, ScriptedLLM(per_playbook), promotion, MemoryStore(versions(BAD_LESSON)))
+    rt2.tenure.snapshots[NS] = SimpleNamespace(applied={f"{NS}/reject/v4"})  # the combiner committed it since
+    await check_namespace(restarted, rt2, 200.0)
+    assert len(controls(kafka, ctx)) == 1
