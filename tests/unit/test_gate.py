@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +266,10 @@ def test_only_traces_with_ground_truth_are_held_out_and_they_read_back_as_tasks(
     assert not {t.trace_id for t in learn} & {t.trace_id for t in held}
     task = holdout_task(held[0], "numeric")
     assert parse_validation(validation_line(task)) == (task,)
+
+
+def test_the_documented_validation_lines_parse() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "promotion.md").read_text(encoding="utf-8")
+    block = doc.split("### The validation set", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    tasks = parse_validation(block)
+    assert [t.grader for t in tasks] == ["numeric", "exact", "labels", "judge"]
