@@ -14,6 +14,7 @@ from combee.wiring import (
     build_metrics,
     build_near_duplicates,
     build_publisher,
+    gate_validation,
     method_config,
 )
 from streams.kafka_config import aiokafka_security_kwargs, ensure_topics, faust_security_kwargs, require_kafka
@@ -39,6 +40,7 @@ def run_worker(
     kafka-python's 30 s) when no bootstrap address answers.
     """
     metrics = build_metrics(settings)  # first: a taken port fails before anything connects
+    gate_validation(settings)  # a bad gate validation file or grader, too (read again when the stages are built)
     require_kafka(settings)
     ensure_topics(settings, settings.topics(), timeout_s=settings.kafka_startup_timeout_s)
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.
