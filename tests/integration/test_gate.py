@@ -19,10 +19,14 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from combee.holdout import held_out
+from combee.models import Trace
 from combee.serving import pending_candidate
 from combee.sim.config import SimConfig
 from combee.sim.runner import SimProcess
 from streams.client import PromptClient, PromptUnavailable
+from streams.codec import decode
+from streams.envelopes import ReflectTask
 from streams.keys import RedisKeys
 from streams.redis_promotion import SERVING_FIELDS, RedisPromotion, parse_decisions, parse_serving
 from tests.integration.pipeline import Pipeline
@@ -34,6 +38,7 @@ NS = "ns-gate"
 STARTUP_S = 300
 LEARN_S = 900  # a loaded machine learns slowly
 TASKS = 24
+HOLDOUT = 0.25
 _ID = re.compile(r"\[(b\d{5})\]")
 
 
@@ -68,7 +73,8 @@ class _Handler(BaseHTTPRequestHandler):
         user = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
         allowed = self.server.allowed
         hurt = allowed is not None and not set(_ID.findall(system)) <= allowed
-        answer = "0" if hurt else re.findall(r"\d+", user)[0]
+        numbers = re.findall(r"\d+", user)
+        answer = "0" if hurt else (numbers[0] if numbers else "none")
         self.server.calls += 1
         text = json.dumps({"reasoning": "scripted", "final_answer": answer})
         self._send({
@@ -145,11 +151,13 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
         COMBEE_PROMOTION_POLICY="gate", COMBEE_PROMOTION_GATE_VALIDATION_FILE=str(validation),
         COMBEE_PROMOTION_GATE_MIN_PAIRS="20", COMBEE_PROMOTION_CHECK_S="0.5", COMBEE_ROLLBACK_ON_OUTCOMES="false",
         COMBEE_BASE_URL_GENERATOR=f"http://127.0.0.1:{generator.server_address[1]}/v1",
+        COMBEE_PROMOTION_GATE_HOLDOUT=str(HOLDOUT),
     )  # fmt: skip
     watcher = Watcher(pipe)
     watcher.thread.start()
     try:
         first, _ = pipe.traces(20, 8, NS)
+        published = list(first)
         pipe.publish_traces(first)
         pipe.wait_learned({NS: 20}, timeout_s=LEARN_S)
         wait_until(lambda: settled(pipe), 120, "every first-batch version decided")
@@ -158,6 +166,7 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
         generator.allowed = frozenset(ids(pipe, live))
 
         more, _ = pipe.traces(20, 9, NS)
+        published += more
         pipe.publish_traces(more)
         pipe.wait_learned({NS: 40}, timeout_s=LEARN_S)
         wait_until(lambda: settled(pipe), 120, "every second-batch version decided")
@@ -168,7 +177,7 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
     rejected = [d for d in decisions if d["action"] == "reject"]
     assert rejected and all(d["decided_by"] == "gate" for d in decisions if d["action"] != "policy")
     evidence = rejected[0]["evidence"]
-    assert evidence["comparison"]["verdict"] == "worse" and evidence["pairs"]["baseline_only"] == TASKS
+    assert evidence["comparison"]["verdict"] == "worse" and evidence["pairs"]["baseline_only"] >= TASKS
     final = state(pipe)
     assert ids(pipe, final.live) <= generator.allowed  # the served playbook stayed at what was live
     hurt = {v for v in range(1, pipe.current_version(NS) + 1) if not ids(pipe, v) <= generator.allowed}
@@ -177,6 +186,21 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
     restored = [d for d in pipe.deltas(NS) if d.window_id.startswith(f"{NS}/reject/")]
     assert restored and all(d.rollback_to is not None for d in restored)
     assert generator.calls >= 2 * TASKS
+    assert_held_out_never_learned(pipe, published, evidence)
+
+
+def assert_held_out_never_learned(pipe: Pipeline, published: list[dict], evidence: dict) -> None:
+    """The traces with ground truth whose hash falls below the share are kept as tasks, and no reflect task of
+    any window carried one of them."""
+    expected = {t["trace_id"] for t in published if held_out(Trace.model_validate(t), HOLDOUT)}
+    kept = set(pipe.redis().hkeys(pipe.keys.holdout(NS)))
+    assert expected and kept == expected
+    tasks = [decode(m.value) for m in pipe.read_topic(pipe.topics.reflect)]
+    reflected = {t.trace_id for task in tasks if isinstance(task, ReflectTask) for t in task.traces}
+    assert reflected and not reflected & kept
+    assert reflected | kept == {t["trace_id"] for t in published}
+    assert evidence["validation"]["source"] == "file:validation.jsonl+holdout"
+    assert TASKS < evidence["validation"]["tasks"] <= TASKS + len(kept)  # the ones kept by then
 
 
 async def test_held_out_traces_are_kept_once_within_the_cap_and_a_namespace_keeps_its_own_set() -> None:
