@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from combee.forget import producer_of
 from combee.models import Trace
 from combee.validation import ValidationTask
 
@@ -32,8 +33,10 @@ def held_out(trace: Trace, share: float) -> bool:
 
 
 def holdout_task(trace: Trace, grader: str) -> ValidationTask:
-    """A held-out trace as a validation task: its task, its ground truth, graded by ``grader``."""
-    return ValidationTask(f"trace:{trace.trace_id}", trace.task, trace.feedback.ground_truth or "", grader)
+    """A held-out trace as a validation task: its task, its ground truth, graded by ``grader``; its producer kept
+    so that a later forget rule still applies to it."""
+    truth = trace.feedback.ground_truth or ""
+    return ValidationTask(f"trace:{trace.trace_id}", trace.task, truth, grader, producer=producer_of(trace))
 
 
 def split_holdout(traces: Sequence[Trace], share: float) -> tuple[tuple[Trace, ...], tuple[Trace, ...]]:

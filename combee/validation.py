@@ -23,18 +23,20 @@ from combee.graders import JUDGE, make_grader
 
 __all__ = ["ValidationTask", "parse_validation", "validation_line"]
 
-_KEYS = frozenset({"id", "task", "truth", "grader", "params"})
+_KEYS = frozenset({"id", "task", "truth", "grader", "params", "producer"})
 
 
 @dataclass(frozen=True)
 class ValidationTask:
-    """One task with its ground truth and the grader (by name, with parameters) that scores answers to it."""
+    """One task with its ground truth and the grader (by name, with parameters) that scores answers to it.
+    ``producer``: for a held-out trace, the producer it names (forget rules apply to it)."""
 
     id: str
     task: str
     truth: str
     grader: str = "exact"
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    producer: str | None = None
 
 
 def validation_line(task: ValidationTask) -> str:
@@ -42,6 +44,8 @@ def validation_line(task: ValidationTask) -> str:
     record: dict[str, Any] = {"id": task.id, "task": task.task, "truth": task.truth, "grader": task.grader}
     if task.params:
         record["params"] = dict(task.params)
+    if task.producer is not None:
+        record["producer"] = task.producer
     return json.dumps(record, ensure_ascii=False, sort_keys=True)
 
 
@@ -65,10 +69,12 @@ def _task_of(obj: Any, line: int, default_grader: str) -> ValidationTask:
             raise ValueError("the judge grader takes one parameter, 'criteria' (a string)")
     else:
         make_grader(grader, params)  # refuse a bad name or parameter now
-    ident = obj.get("id", f"line-{line}")
+    ident, producer = obj.get("id", f"line-{line}"), obj.get("producer")
     if not isinstance(ident, str | int) or isinstance(ident, bool):
         raise ValueError("'id' must be a string or a number")
-    return ValidationTask(str(ident), task, str(truth), grader, params)
+    if producer is not None and not isinstance(producer, str):
+        raise ValueError("'producer' must be a string")
+    return ValidationTask(str(ident), task, str(truth), grader, params, producer)
 
 
 def parse_validation(

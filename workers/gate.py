@@ -58,11 +58,21 @@ async def validation_set(ctx: StageContext, namespace: str) -> tuple[tuple[Valid
     tasks, source = promotion.gate_tasks, promotion.gate_source
     if own is not None:
         tasks, source = _parsed(own, namespace, "validation set", promotion.gate_grader), "redis"
-    held = await ctx.serving.held_out(namespace)
+    held = await _held_out(ctx, namespace)
     if held:
-        tasks = (*tasks, *_parsed("\n".join(held), namespace, "held-out traces", promotion.gate_grader))
-        source = f"{source}+holdout" if source else "holdout"
+        tasks, source = (*tasks, *held), f"{source}+holdout" if source else "holdout"
     return tasks, source
+
+
+async def _held_out(ctx: StageContext, namespace: str) -> tuple[ValidationTask, ...]:
+    """The namespace's held-out traces as tasks, without those a forget rule names (made after they were kept)."""
+    assert ctx.serving is not None
+    lines = await ctx.serving.held_out(namespace)
+    if not lines:
+        return ()
+    tasks = _parsed("\n".join(lines), namespace, "held-out traces", ctx.config.promotion.gate_grader)
+    rules = await ctx.forget_rules.rules() if ctx.forget_rules is not None else ()
+    return tuple(t for t in tasks if not any(rule.covers(namespace, t.producer) for rule in rules))
 
 
 async def _playbook(ctx: StageContext, namespace: str, version: int) -> Playbook | None:

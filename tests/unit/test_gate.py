@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from combee.errors import ConfigError, LLMParseError
+from combee.forget import ForgetRule
 from combee.gate import PairedScores, decide_gate, evaluate, pair_scores, too_few_tasks
 from combee.graders import Score, grader_names, make_grader, normalise, set_f1
 from combee.holdout import held_out, holdout_task, split_holdout
@@ -273,3 +274,14 @@ def test_the_documented_validation_lines_parse() -> None:
     block = doc.split("### The validation set", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
     tasks = parse_validation(block)
     assert [t.grader for t in tasks] == ["numeric", "exact", "labels", "judge"]
+
+
+def test_a_held_out_task_keeps_its_producer_for_later_forget_rules() -> None:
+    trace = Trace(trace_id="t-1", namespace="ns", task="q", metadata={"producer": "agent-a"},
+                  feedback=Feedback(ground_truth="1"))  # fmt: skip
+    task = holdout_task(trace, "exact")
+    assert task.producer == "agent-a" and parse_validation(validation_line(task)) == (task,)
+    assert ForgetRule(producer="agent-a").covers("ns", task.producer)
+    assert ForgetRule(namespace="ns").covers("ns", None)
+    assert not ForgetRule(namespace="other", producer="agent-a").covers("ns", "agent-a")
+    assert not ForgetRule(producer="agent-b").covers("ns", task.producer)

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from combee.forget import ForgetRule
 from combee.holdout import holdout_position
 from combee.llm import ChatRequest, Role
 from combee.models import Playbook
 from combee.promotion import GateRule
 from combee.serving import Serving
-from combee.validation import ValidationTask
+from combee.validation import ValidationTask, validation_line
 from streams.codec import decode
 from streams.envelopes import Control
 from tests.fakes import ScriptedLLM, block_lines, echo_script
@@ -280,3 +281,19 @@ async def test_a_rejection_whose_new_head_was_never_asked_for_is_asked_for_again
     rt2.tenure.snapshots[NS] = SimpleNamespace(applied={f"{NS}/reject/v4"})  # the combiner committed it since
     await check_namespace(restarted, rt2, 200.0)
     assert len(controls(kafka, ctx)) == 1
+
+
+class Rules:
+    async def rules(self) -> tuple[ForgetRule, ...]:
+        return (ForgetRule(producer="forgotten-agent"),)
+
+
+async def test_held_out_tasks_of_a_producer_forgotten_since_are_left_out() -> None:
+    promotion = gated()
+    ctx, _ = worker(MemoryKafka(), ScriptedLLM(per_playbook), promotion, MemoryStore({}))
+    for i, producer in enumerate(("kept-agent", "forgotten-agent", None)):
+        task = ValidationTask(f"trace:t{i}", f"What is {i}?", str(i), producer=producer)
+        promotion.kept[f"t{i}"] = validation_line(task)
+    ctx.forget_rules = Rules()  # type: ignore[assignment]
+    tasks, _ = await validation_set(ctx, NS)
+    assert [t.id for t in tasks[30:]] == ["trace:t0", "trace:t2"]
