@@ -13,6 +13,9 @@ LLM judge, :mod:`combee.judge`). The paired test is :func:`combee.compare.compar
 * fewer tasks than ``min_pairs`` → no decision (:func:`too_few_tasks` says so before any LLM call); the
   candidate waits for an operator (``combee prompt promote|reject``) or a larger validation set.
 
+A candidate whose lessons are the live version's (the head a rejection commits: the live content under a new
+number) is promoted without an evaluation (:func:`same_lessons`): there is nothing to compare.
+
 With a margin of 0 a candidate that answers exactly as the live version does is ``undecided`` (the bound is 0,
 not above 0) and therefore rejected; keep a margin above 0.
 """
@@ -34,7 +37,16 @@ from combee.serving import Serving, pending_candidate
 from combee.tasks.agent import answer_one
 from combee.validation import ValidationTask
 
-__all__ = ["PairedScores", "decide_gate", "evaluate", "grade_answer", "pair_scores", "too_few_tasks"]
+__all__ = [
+    "PairedScores",
+    "decide_gate",
+    "evaluate",
+    "grade_answer",
+    "pair_scores",
+    "promote_same_lessons",
+    "same_lessons",
+    "too_few_tasks",
+]
 
 _FAIL = Score(0.0, False)
 
@@ -150,6 +162,23 @@ def decide_gate(
     first = max(serving.live, serving.rejected_through) + 1
     why = cmp.reason if cmp.verdict == "worse" else f"not shown to be no worse: {cmp.reason}"
     return Decision("reject", first, "gate", "gate", why, serving.live, evidence, at)
+
+
+def same_lessons(candidate: Playbook, live: Playbook) -> bool:
+    """Whether the two playbooks hold the same lessons (ids, sections, texts), whatever their version numbers and
+    counters."""
+    return [(b.id, b.section, b.content) for b in candidate.bullets] == [
+        (b.id, b.section, b.content) for b in live.bullets
+    ]
+
+
+def promote_same_lessons(serving: Serving, candidate: int, *, at: float) -> Decision | None:
+    """The gate's promotion of a pending candidate known to hold the live version's lessons (no evaluation)."""
+    if serving.policy != "gate" or serving.live is None or pending_candidate(serving, candidate) is None:
+        return None
+    why = f"the same lessons as the live v{serving.live}: nothing to evaluate"
+    evidence = {"same_lessons_as": serving.live, "candidate_version": candidate, "baseline_version": serving.live}
+    return Decision("promote", candidate, "gate", "gate", why, candidate, evidence, at)
 
 
 async def grade_answer(llm: LLM, task: ValidationTask, prediction: str | None) -> Score | None:

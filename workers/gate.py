@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 
 from combee.errors import ConfigError
-from combee.gate import decide_gate, evaluate, too_few_tasks
+from combee.gate import decide_gate, evaluate, promote_same_lessons, same_lessons, too_few_tasks
 from combee.holdout import holdout_task
 from combee.models import Playbook, Trace
 from combee.promotion import Decision
@@ -97,14 +97,16 @@ async def gate_decision(ctx: StageContext, namespace: str, state: Serving, head:
         return None
     if state.live is None:
         return decide_gate(state, candidate, None, rule, at=now)
+    cand, live = await _playbook(ctx, namespace, candidate), await _playbook(ctx, namespace, state.live)
+    if cand is None or live is None:
+        _wait(ctx, namespace, candidate, f"v{candidate} or the live v{state.live} is no longer in the store")
+        return None
+    if same_lessons(cand, live):
+        return promote_same_lessons(state, candidate, at=now)
     tasks, source = await validation_set(ctx, namespace)
     why = too_few_tasks(len(tasks), rule)
     if why is not None:
         _wait(ctx, namespace, candidate, why)
-        return None
-    cand, live = await _playbook(ctx, namespace, candidate), await _playbook(ctx, namespace, state.live)
-    if cand is None or live is None:
-        _wait(ctx, namespace, candidate, f"v{candidate} or the live v{state.live} is no longer in the store")
         return None
     log.info("%s: gate: evaluating v%d against the live v%d on %d tasks", namespace, candidate, state.live, len(tasks))
     pairs = await evaluate(ctx.llm, tasks, cand, live, concurrency=rule.concurrency)

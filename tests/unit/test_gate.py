@@ -11,7 +11,15 @@ import pytest
 
 from combee.errors import ConfigError, LLMParseError
 from combee.forget import ForgetRule
-from combee.gate import PairedScores, decide_gate, evaluate, pair_scores, too_few_tasks
+from combee.gate import (
+    PairedScores,
+    decide_gate,
+    evaluate,
+    pair_scores,
+    promote_same_lessons,
+    same_lessons,
+    too_few_tasks,
+)
 from combee.graders import Score, grader_names, make_grader, normalise, set_f1
 from combee.holdout import held_out, holdout_task, split_holdout
 from combee.judge import judge_request, judge_schema, parse_judgement
@@ -285,3 +293,13 @@ def test_a_held_out_task_keeps_its_producer_for_later_forget_rules() -> None:
     assert ForgetRule(namespace="ns").covers("ns", None)
     assert not ForgetRule(namespace="other", producer="agent-a").covers("ns", "agent-a")
     assert not ForgetRule(producer="agent-b").covers("ns", task.producer)
+
+
+def test_same_lessons_ignores_version_numbers_and_counters() -> None:
+    counted = GOOD.bullets[0].model_copy(update={"helpful": 7})
+    assert same_lessons(GOOD.model_copy(update={"version": 9, "bullets": (counted,)}), GOOD)
+    assert not same_lessons(BAD, GOOD)
+    assert promote_same_lessons(Serving(policy="canary", live=3), 4, at=1.0) is None
+    assert promote_same_lessons(GATED, 3, at=1.0) is None  # the live version is no candidate
+    d = promote_same_lessons(GATED, 4, at=1.0)
+    assert d is not None and (d.action, d.serve, d.decided_by) == ("promote", 4, "gate")

@@ -297,3 +297,14 @@ async def test_held_out_tasks_of_a_producer_forgotten_since_are_left_out() -> No
     ctx.forget_rules = Rules()  # type: ignore[assignment]
     tasks, _ = await validation_set(ctx, NS)
     assert [t.id for t in tasks[30:]] == ["trace:t0", "trace:t2"]
+
+
+async def test_a_candidate_with_the_live_lessons_is_promoted_without_asking_the_model() -> None:
+    kafka, promotion, llm = MemoryKafka(), gated(), ScriptedLLM(per_playbook)
+    live = Playbook(namespace=NS, version=3, bullets=GOOD, next_id=2)
+    restored = Playbook(namespace=NS, version=4, bullets=GOOD, next_id=5)  # a rejection's head: the live content
+    ctx, rt = worker(kafka, llm, promotion, MemoryStore({3: live, 4: restored}))
+    decision = await check_namespace(ctx, rt, 10.0)
+    assert decision is not None and (decision.action, decision.serve) == ("promote", 4)
+    assert decision.evidence == {"same_lessons_as": 3, "candidate_version": 4, "baseline_version": 3}
+    assert llm.requests == []
