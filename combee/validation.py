@@ -7,7 +7,8 @@ One JSON object per line (blank lines are skipped)::
 
 ``task`` (the question the generator answers) and ``truth`` (a string or a number) are required; ``id``
 (default ``line-N``) must be unique; ``grader`` (default: the caller's default, ``exact`` unless configured)
-is one of :func:`combee.graders.grader_names`; ``params`` is an object given to that grader. Every task's
+is one of :func:`combee.graders.grader_names`; ``params`` is an object given to that grader; ``producer``
+(optional) names who the task came from, so forget rules apply to it (held-out traces carry it). Every task's
 grader is built once here, so a bad name or parameter is refused when the set is loaded, not mid-evaluation.
 """
 
