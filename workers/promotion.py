@@ -184,10 +184,10 @@ async def _ask_restore_again(ctx: StageContext, rt: NamespaceRuntime, state: Ser
     assert ctx.serving is not None
     if state.policy == "direct" or head > state.rejected_through:
         return
-    rejects = [d for d in await ctx.serving.decisions(rt.namespace) if d.get("action") == "reject"]
-    if not rejects:
+    moves = [d for d in await ctx.serving.decisions(rt.namespace) if d.get("action") in ("reject", "rollback")]
+    if not moves or moves[-1].get("action") != "reject":  # the newest move is what is not committed yet
         return
-    last = rejects[-1]
+    last = moves[-1]
     version = int(last.get("version") or 0)
     wid = reject_window_id(rt.namespace, version)
     snap = snapshot_of(rt)

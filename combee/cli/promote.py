@@ -21,6 +21,7 @@ __all__ = [
     "add_promotion_commands",
     "cmd_promotion",
     "describe_decision",
+    "gate_sets",
     "read_head",
     "serving_summary",
     "with_promotion",
@@ -90,6 +91,17 @@ def serving_summary(serving: Any, head: int | None) -> str:
     return f"policy {serving.policy}{fraction}: live {live}, {pending}{rejected}"
 
 
+def gate_sets(own: str | None, held: int) -> str:
+    """Where a gated namespace's validation tasks come from: its own set (kept in Redis) or the workers' default
+    file, and its held-out traces."""
+    where = (
+        f"its own validation set ({sum(1 for line in own.splitlines() if line.strip())} tasks)"
+        if own is not None
+        else "the workers' default validation file"
+    )
+    return f"{where} and {held} held-out traces"
+
+
 def describe_decision(d: dict[str, Any]) -> str:
     """One line per recorded decision, with the comparison's verdict when there is one."""
     from datetime import datetime
@@ -125,8 +137,11 @@ def _policy(settings: Any, args: argparse.Namespace) -> int:
     if args.policy is None:
 
         async def show(p: RedisPromotion) -> str:
-            head = await read_head(p, ns)
-            return serving_summary(await p.serving(ns), head)
+            head, serving = await read_head(p, ns), await p.serving(ns)
+            summary = serving_summary(serving, head)
+            if serving.policy == "gate":
+                summary += f"; {gate_sets(await p.validation(ns), len(await p.held_out(ns)))}"
+            return summary
 
         print(f"{ns}: {with_promotion(settings, show)}")
         return 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,8 +134,14 @@ def state(pipe: Pipeline) -> Any:
 
 
 def settled(pipe: Pipeline) -> bool:
-    """Nothing pending: every version the combiner made is decided."""
-    return pipe.current_version(NS) > 0 and pending_candidate(state(pipe), pipe.current_version(NS)) is None
+    """At rest: the head is served. (Nothing pending is not enough: right after a rejection nothing is pending
+    until the combiner commits the live content as the next head, which is then a candidate again.)"""
+    head = pipe.current_version(NS)
+    return head > 0 and state(pipe).live == head
+
+
+def decisions(pipe: Pipeline) -> list[dict[str, Any]]:
+    return parse_decisions(pipe.redis().hgetall(pipe.keys.decisions(NS)))
 
 
 def ids(pipe: Pipeline, version: int) -> set[str]:
@@ -162,7 +170,8 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
         pipe.wait_learned({NS: 20}, timeout_s=LEARN_S)
         wait_until(lambda: settled(pipe), 120, "every first-batch version decided")
         live = state(pipe).live
-        assert live == pipe.current_version(NS)  # each answered as well as the one before: all promoted
+        assert live is not None and pending_candidate(state(pipe), live) is None
+        assert not [d for d in decisions(pipe) if d["action"] == "reject"]  # each answered as well: all promoted
         generator.allowed = frozenset(ids(pipe, live))
 
         more, _ = pipe.traces(20, 9, NS)
@@ -173,9 +182,9 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
     finally:
         watcher.stop.set()
         watcher.thread.join(10)
-    decisions = parse_decisions(pipe.redis().hgetall(pipe.keys.decisions(NS)))
-    rejected = [d for d in decisions if d["action"] == "reject"]
-    assert rejected and all(d["decided_by"] == "gate" for d in decisions if d["action"] != "policy")
+    made = decisions(pipe)
+    rejected = [d for d in made if d["action"] == "reject"]
+    assert rejected and all(d["decided_by"] == "gate" for d in made if d["action"] != "policy")
     evidence = rejected[0]["evidence"]
     assert evidence["comparison"]["verdict"] == "worse" and evidence["pairs"]["baseline_only"] >= TASKS
     final = state(pipe)
@@ -186,6 +195,13 @@ def test_the_gate_promotes_versions_that_answer_as_well_and_rejects_the_ones_tha
     restored = [d for d in pipe.deltas(NS) if d.window_id.startswith(f"{NS}/reject/")]
     assert restored and all(d.rollback_to is not None for d in restored)
     assert generator.calls >= 2 * TASKS
+    shown = subprocess.run(
+        [sys.executable, "-m", "combee.cli", "prompt", "policy", NS], env=pipe.env(), capture_output=True, text=True,
+        timeout=120, check=True,
+    ).stdout  # fmt: skip
+    held = pipe.redis().hlen(pipe.keys.holdout(NS))
+    assert f"{NS}: policy gate: live v{final.live}" in shown
+    assert f"the workers' default validation file and {held} held-out traces" in shown
     assert_held_out_never_learned(pipe, published, evidence)
 
 

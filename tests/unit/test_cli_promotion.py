@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from combee.cli.promote import describe_decision, serving_summary
+from combee.cli.promote import describe_decision, gate_sets, serving_summary
 from combee.cli.status import promotion_lines
 from combee.gate import PairedScores, decide_gate
 from combee.outcomes import OutcomeCounts
@@ -62,3 +62,10 @@ def test_policy_gate_checks_its_validation_file_before_touching_redis(tmp_path: 
     empty.write_text("\n")
     done = policy("gate", "--validation", str(empty))
     assert done.returncode != 0 and "holds no task" in done.stderr
+
+
+def test_a_gated_namespace_says_where_its_validation_tasks_come_from() -> None:
+    assert gate_sets(None, 0) == "the workers' default validation file and 0 held-out traces"
+    assert gate_sets('{"task": "a", "truth": "1"}\n\n{"task": "b", "truth": "2"}\n', 3) == (
+        "its own validation set (2 tasks) and 3 held-out traces"
+    )

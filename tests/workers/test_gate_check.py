@@ -308,3 +308,15 @@ async def test_a_candidate_with_the_live_lessons_is_promoted_without_asking_the_
     assert decision is not None and (decision.action, decision.serve) == ("promote", 4)
     assert decision.evidence == {"same_lessons_as": 3, "candidate_version": 4, "baseline_version": 3}
     assert llm.requests == []
+
+
+async def test_an_older_rejection_is_not_asked_for_again_when_a_rollback_moved_the_state_since() -> None:
+    kafka, promotion = MemoryKafka(), gated()
+    ctx, rt = worker(kafka, ScriptedLLM(per_playbook), promotion, MemoryStore(versions(BAD_LESSON)))
+    older = {"id": "reject/v2", "action": "reject", "version": 2, "decided_by": "gate", "at": 50.0}
+    rollback = {"id": "rollback/v3-to-v2", "action": "rollback", "version": 3, "decided_by": "operator:ana",
+                "at": 100.0}  # fmt: skip
+    promotion.decisions_by_id = {d["id"]: d for d in (older, rollback)}
+    promotion.state = dataclasses.replace(promotion.state, rejected_through=4)
+    await check_namespace(ctx, rt, 500.0)
+    assert controls(kafka, ctx) == []
