@@ -1,8 +1,8 @@
 """Is a candidate version worse than the one it would replace? One-sided tests on outcomes. Pure.
 
-A canary and a rollback on outcomes call :func:`compare_rates` through :mod:`combee.promotion`; the paired form
-waits for the validation gate (issue 24, item 2; docs/promotion.md). Two forms, both *non-inferiority* tests
-with a margin and a minimum sample:
+A canary and a rollback on outcomes call :func:`compare_rates` through :mod:`combee.promotion`; the validation
+gate calls the paired form through :mod:`combee.gate` (issue 24, item 2; docs/promotion.md). Two forms, both
+*non-inferiority* tests with a margin and a minimum sample:
 
 * :func:`compare_rates`: two independent samples (a canary's arms; a live version against its predecessor),
   each an :class:`combee.outcomes.OutcomeCounts`. The interval of the difference of success rates is

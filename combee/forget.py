@@ -49,9 +49,13 @@ class ForgetRule:
             raise ConfigError("a producer name is one line of printable text")
 
     def matches(self, trace: Trace) -> bool:
-        if self.namespace is not None and trace.namespace != self.namespace:
+        return self.covers(trace.namespace, producer_of(trace))
+
+    def covers(self, namespace: str, producer: str | None) -> bool:
+        """Whether the rule names what ``producer`` (None: unnamed) sent to ``namespace``."""
+        if self.namespace is not None and namespace != self.namespace:
             return False
-        return self.producer is None or producer_of(trace) == self.producer
+        return self.producer is None or producer == self.producer
 
     def encode(self) -> str:
         """The rule as one canonical JSON text (a Redis set member: the same rule twice is one member)."""

@@ -88,7 +88,7 @@ class Metrics(Protocol):
 
     def promotion_decision(self, namespace: str, action: str, by: str) -> None:
         """A promotion decision was applied (``action``: promote, reject, rollback; ``by``: operator, canary,
-        outcomes), combee/promotion.py."""
+        gate, outcomes), combee/promotion.py."""
 
     def namespaces_live(self, count: int) -> None:
         """The worker now holds ``count`` namespaces in memory (capped by ``COMBEE_MAX_NAMESPACES``)."""

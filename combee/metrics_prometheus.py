@@ -150,7 +150,7 @@ class PrometheusMetrics:
         )
         self._decisions = Counter(
             "combee_promotion_decisions",
-            "Promotion decisions applied: action promote, reject or rollback; by operator, canary or outcomes (a "
+            "Promotion decisions applied: action promote, reject or rollback; by operator, canary, gate or outcomes (a "
             "rollback on outcomes), docs/promotion.md.",
             ["namespace", "action", "by"],
             registry=r,
@@ -297,7 +297,7 @@ class PrometheusMetrics:
     def promotion_decision(self, namespace: str, action: str, by: str) -> None:
         known = action if action in ("promote", "reject", "rollback") else "other"
         self._decisions.labels(
-            self._ns(namespace), known, by if by in ("operator", "canary", "outcomes") else "other"
+            self._ns(namespace), known, by if by in ("operator", "canary", "gate", "outcomes") else "other"
         ).inc()
 
     def namespaces_live(self, count: int) -> None:

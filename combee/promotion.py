@@ -7,8 +7,8 @@ is the namespace's :class:`Serving` state, kept in Redis beside the versions (``
   the promotion work existed.
 * any other policy: agents are served the ``live`` version; every version above it (and above
   ``rejected_through``) is a *candidate*. Under ``canary`` an agent in the canary arm (:func:`in_canary_arm`) is
-  served the head instead. Under ``manual`` candidates wait for an operator; ``gate`` (not implemented yet)
-  will be a decider like ``canary``, with a validation set for evidence instead of the fleet's outcomes.
+  served the head instead. Under ``manual`` candidates wait for an operator; under ``gate`` a validation set
+  decides (:mod:`combee.gate`), with the generator's graded answers for evidence instead of the fleet's outcomes.
 
 Windows that arrive while candidates are pending build on the head (the newest candidate), so candidates form a
 chain from ``live`` up to the head. A *promotion* serves a candidate (usually the head: everything below it is
@@ -17,7 +17,7 @@ returns the head to the live version's playbook, as a rollback does, so the next
 run. A *rollback* serves the live version's predecessor again (and rejects the candidates built on the bad one).
 
 Every decision is a :class:`Decision`: what, which version, who or what decided, under which policy, why, and
-the evidence (a comparison of outcomes, :mod:`combee.compare`); a future gate adds its own evidence shape.
+the evidence (a comparison of outcomes, :mod:`combee.compare`; the gate's paired scores, :mod:`combee.gate`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from typing import Final, Literal
 from combee.compare import Comparison, compare_rates
 from combee.outcomes import OutcomeCounts, as_json
 from combee.serving import Policy, Serving, pending_candidate
+from combee.validation import ValidationTask
 
 __all__ = [
     "ACTIONS",
     "Action",
     "Decision",
+    "GateRule",
     "PromotionConfig",
     "Rule",
     "candidate_counts",
@@ -58,6 +60,18 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class GateRule:
+    """The validation gate's paired non-inferiority rule (:func:`combee.compare.compare_paired`): at least
+    ``min_pairs`` validation tasks, judged at level ``alpha`` with ``margin``; ``concurrency`` generator (and
+    judge) requests in flight during an evaluation."""
+
+    margin: float = 0.05
+    min_pairs: int = 30
+    alpha: float = 0.05
+    concurrency: int = 4
+
+
+@dataclass(frozen=True)
 class PromotionConfig:
     """A worker's promotion settings: the policy of a namespace that has none in Redis, the canary fraction it
     starts with, the test, whether live versions are rolled back on outcomes, and how often outcomes are read."""
@@ -67,13 +81,20 @@ class PromotionConfig:
     rule: Rule = field(default_factory=Rule)
     rollback_on_outcomes: bool = True
     check_s: float = 5.0
+    gate: GateRule = field(default_factory=GateRule)
+    # the default validation set of the gate (a namespace may keep its own in Redis), and where it was read from
+    gate_tasks: tuple[ValidationTask, ...] = ()
+    gate_source: str = ""
+    gate_grader: str = "exact"  # the grader of a namespace's own validation lines that name none
+    gate_holdout: float = 0.0  # the share of traces with ground truth held out as validation tasks (0: none)
+    gate_holdout_max: int = 1000  # held-out tasks kept per namespace
 
 
 @dataclass(frozen=True)
 class Decision:
     """One decision on a namespace's versions. ``version``: the version acted on (promoted, first rejected, rolled
     back from); ``serve``: the version served afterwards (None: unchanged, or the head under ``direct``).
-    ``decided_by``: ``operator:<name>``, ``canary``, ``outcomes`` (a rollback on outcomes), later ``gate``.
+    ``decided_by``: ``operator:<name>``, ``canary``, ``outcomes`` (a rollback on outcomes), ``gate``.
     ``evidence``: what the decider saw (for a comparison: the verdict, bounds and both sides' counts)."""
 
     action: Action

@@ -142,8 +142,9 @@ class Settings(StreamSettings):
     # What agents are served of a namespace that has no policy of its own (`combee prompt policy` sets one, kept
     # in Redis): direct = every new version at once (as before promotion existed); manual = candidates wait for
     # `combee prompt promote`/`reject`; canary = candidates go to `promotion_canary_fraction` of the agents and
-    # their outcomes decide. (gate is not implemented yet.)
-    promotion_policy: Literal["direct", "manual", "canary"] = "direct"
+    # their outcomes decide; gate = candidates are served once they answer a validation set no worse than the live
+    # version (`promotion_gate_*`).
+    promotion_policy: Literal["direct", "manual", "canary", "gate"] = "direct"
     promotion_canary_fraction: float = Field(default=0.1, gt=0, le=1)
     # The sequential test of a canary and of a rollback on outcomes (combee/compare.py): each side needs
     # `promotion_min_decided` traces with a known outcome; worse/not worse by more than `promotion_margin`, one-sided
@@ -155,6 +156,20 @@ class Settings(StreamSettings):
     rollback_on_outcomes: bool = True
     # How often (seconds) the worker that owns a namespace reads its outcomes for a canary or a rollback.
     promotion_check_s: float = Field(default=5.0, gt=0)
+    # The gate (docs/promotion.md, "The gate"): the validation set of a namespace that has none of its own in Redis
+    # (`combee prompt policy NS gate --validation FILE`), a JSON-lines file read when the worker starts; the grader
+    # of its lines that name none; the paired test (at least `promotion_gate_min_pairs` tasks, not worse by more
+    # than `promotion_gate_margin`, one-sided at `promotion_alpha`); generator requests in flight per evaluation.
+    promotion_gate_validation_file: Path | None = None
+    promotion_gate_grader: str = "exact"
+    promotion_gate_margin: float = Field(default=0.05, ge=0, lt=1)
+    promotion_gate_min_pairs: int = Field(default=30, ge=1)
+    promotion_gate_concurrency: int = Field(default=4, ge=1)
+    # A share of the traces that carry feedback.ground_truth, chosen by a hash of (namespace, trace id), is held out:
+    # never reflected on, kept (at most `promotion_gate_holdout_max` per namespace) as gate validation tasks graded
+    # by `promotion_gate_grader`. 0: off. Applies to every namespace of the worker, whatever its policy.
+    promotion_gate_holdout: float = Field(default=0.0, ge=0, lt=1)
+    promotion_gate_holdout_max: int = Field(default=1000, ge=1)
 
     # --- operations (docs/operations.md) ---
     # Prometheus metrics of a worker on http://<metrics_host>:<metrics_port>/metrics; unset: no metrics, no port.

@@ -17,13 +17,15 @@ from combee.corroborate import Corroboration
 from combee.embeddings import Embedder, NearDuplicates
 from combee.engine import Method, MethodConfig
 from combee.errors import ConfigError
+from combee.graders import JUDGE, make_grader
 from combee.identity import IdentityPolicy, parse_producer_keys, parse_required
 from combee.llm import Role
 from combee.metrics import LLMPrices, Metrics, NoMetrics
 from combee.playbook import ApplyPolicy
-from combee.promotion import PromotionConfig, Rule
+from combee.promotion import GateRule, PromotionConfig, Rule
 from combee.quotas import QuotaLedger, Quotas, RateLimit
 from combee.settings import Settings
+from combee.validation import ValidationTask, parse_validation
 
 if TYPE_CHECKING:
     from combee.llm_openai import OpenAILLM, RoleRouter
@@ -36,6 +38,7 @@ __all__ = [
     "build_near_duplicates",
     "build_publisher",
     "build_quotas",
+    "gate_validation",
     "identity_policy",
     "llm_prices",
     "method_config",
@@ -222,15 +225,44 @@ def build_publisher(store: RedisPromptStore, settings: Settings | None = None) -
     return LatestVersionPublisher(WithDefaultPolicy(store, promotion, policy, fraction))
 
 
+def gate_validation(settings: Settings) -> tuple[ValidationTask, ...]:
+    """The gate's default validation set (``COMBEE_PROMOTION_GATE_VALIDATION_FILE``; none: empty). Raises
+    :class:`ConfigError` for a file that cannot be read or a line that is not a task, so a worker refuses to start
+    with a validation set it could not use."""
+    if settings.promotion_gate_grader != JUDGE:
+        make_grader(settings.promotion_gate_grader)  # an unknown default grader is refused even without a file
+    path = settings.promotion_gate_validation_file
+    if path is None:
+        return ()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"COMBEE_PROMOTION_GATE_VALIDATION_FILE {path}: {exc}") from exc
+    return parse_validation(text, default_grader=settings.promotion_gate_grader, source=str(path))
+
+
 def promotion_config(settings: Settings) -> PromotionConfig:
-    """The workers' promotion settings (docs/promotion.md)."""
+    """The workers' promotion settings (docs/promotion.md), the gate's default validation set read."""
     rule = Rule(
         margin=settings.promotion_margin, min_decided=settings.promotion_min_decided, alpha=settings.promotion_alpha
     )
+    gate = GateRule(
+        margin=settings.promotion_gate_margin,
+        min_pairs=settings.promotion_gate_min_pairs,
+        alpha=settings.promotion_alpha,
+        concurrency=settings.promotion_gate_concurrency,
+    )
+    source = settings.promotion_gate_validation_file
     return PromotionConfig(
         default_policy=settings.promotion_policy,
         canary_fraction=settings.promotion_canary_fraction,
         rule=rule,
         rollback_on_outcomes=settings.rollback_on_outcomes,
         check_s=settings.promotion_check_s,
+        gate=gate,
+        gate_tasks=gate_validation(settings),
+        gate_source=f"file:{source.name}" if source is not None else "",
+        gate_grader=settings.promotion_gate_grader,
+        gate_holdout=settings.promotion_gate_holdout,
+        gate_holdout_max=settings.promotion_gate_holdout_max,
     )

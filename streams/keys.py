@@ -70,6 +70,14 @@ class RedisKeys:
     def decisions(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:decisions"
 
+    def validation(self, namespace: str) -> str:
+        """The namespace's own validation set for the gate (JSON lines; absent: the worker's default)."""
+        return f"{self._ns(namespace)}:validation"
+
+    def holdout(self, namespace: str) -> str:
+        """The namespace's held-out traces, as gate validation tasks (a hash: trace id -> task JSON)."""
+        return f"{self._ns(namespace)}:holdout"
+
     def quarantine(self, namespace: str) -> str:
         return f"{self._ns(namespace)}:quarantine"
 

@@ -36,6 +36,7 @@ from streams.redis_records import reply_text
 __all__ = [
     "DECIDE_SCRIPT",
     "ENSURE_SCRIPT",
+    "HOLDOUT_SCRIPT",
     "POLICY_SCRIPT",
     "SERVING_FIELDS",
     "DecideResult",
@@ -99,7 +100,23 @@ if head then redis.call('PUBLISH', ARGV[3], head) end
 return 'done'
 """
 
-_SHAS: Final = {s: hashlib.sha1(s.encode("utf-8")).hexdigest() for s in (ENSURE_SCRIPT, POLICY_SCRIPT, DECIDE_SCRIPT)}
+HOLDOUT_SCRIPT: Final = """
+-- Combee: keep held-out traces as gate validation tasks, at most ARGV[1] per namespace.  KEYS[1] holdout
+-- ARGV[2..] pairs of (trace id, task JSON).  A trace kept before is left as it is.  Returns how many were added.
+local added = 0
+for i = 2, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 and redis.call('HLEN', KEYS[1]) < tonumber(ARGV[1]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    added = added + 1
+  end
+end
+return added
+"""
+
+_SHAS: Final = {
+    s: hashlib.sha1(s.encode("utf-8")).hexdigest()
+    for s in (ENSURE_SCRIPT, POLICY_SCRIPT, DECIDE_SCRIPT, HOLDOUT_SCRIPT)
+}
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -168,6 +185,30 @@ class RedisPromotion:
         raw = await cast(Awaitable[Any], self._redis.hget(self.keys.decisions(namespace), decision_id))
         found = parse_decisions({decision_id: raw}) if raw is not None else []
         return found[0] if found else None
+
+    async def validation(self, namespace: str) -> str | None:
+        """The namespace's own validation set for the gate (JSON-lines text), or None: it has none."""
+        return reply_text(await cast(Awaitable[Any], self._redis.get(self.keys.validation(namespace))))
+
+    async def set_validation(self, namespace: str, text: str | None) -> None:
+        """Keep ``text`` as the namespace's validation set (None: drop it; the workers' default applies)."""
+        if text is None:
+            await cast(Awaitable[Any], self._redis.delete(self.keys.validation(namespace)))
+        else:
+            await cast(Awaitable[Any], self._redis.set(self.keys.validation(namespace), text))
+
+    async def hold_out(self, namespace: str, tasks: Mapping[str, str], *, cap: int) -> int:
+        """Keep ``tasks`` (trace id -> task JSON) as held-out validation tasks, at most ``cap`` per namespace, each
+        once; returns how many were added."""
+        if not tasks:
+            return 0
+        args = [str(cap), *(part for item in sorted(tasks.items()) for part in item)]
+        return int(await self._script(HOLDOUT_SCRIPT, (self.keys.holdout(namespace),), args))
+
+    async def held_out(self, namespace: str) -> list[str]:
+        """The held-out tasks' JSON, ordered by trace id."""
+        raw = await cast(Awaitable[Mapping[Any, Any]], self._redis.hgetall(self.keys.holdout(namespace)))
+        return [reply_text(v) or "" for _, v in sorted((reply_text(k) or "", v) for k, v in (raw or {}).items())]
 
     async def ensure(self, namespace: str, policy: Policy, fraction: float, *, at: float) -> bool:
         """Write ``policy`` as ``namespace``'s policy unless it has one; True when written."""

@@ -116,6 +116,10 @@ class StageContext:
     pending: PendingStore | None = None
     # the namespaces' serving states and decisions (workers/promotion.py); None: promotion is not handled
     serving: RedisPromotion | None = None
+    # the candidate each gated namespace was last said to wait with (workers/gate.py logs a wait once)
+    gate_waits: dict[str, int] = field(default_factory=dict)
+    # rejections whose new head this process asked the combiner for again (workers/promotion.py), by window id
+    restores_asked: set[str] = field(default_factory=set)
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

@@ -14,6 +14,7 @@ from combee.wiring import (
     build_metrics,
     build_near_duplicates,
     build_publisher,
+    gate_validation,
     identity_policy,
     method_config,
 )
@@ -41,6 +42,7 @@ def run_worker(
     """
     identity = identity_policy(settings)  # a bad producer keys file fails before anything connects
     metrics = build_metrics(settings)  # then: a taken port fails before anything connects
+    gate_validation(settings)  # a bad gate validation file or grader, too (read again when the stages are built)
     require_kafka(settings)
     ensure_topics(settings, settings.topics(), timeout_s=settings.kafka_startup_timeout_s)
     # Faust creates its datadir without parents: on a fresh checkout (no var/dev yet) it would not start.

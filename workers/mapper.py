@@ -15,6 +15,7 @@ from typing import Any
 
 from combee.engine import canonical_reflections, teaching
 from combee.evidence import window_lessons
+from combee.holdout import split_holdout
 from combee.identity import counted_producer
 from combee.meter import Meter
 from combee.models import Playbook, Reflection
@@ -24,6 +25,7 @@ from combee.windowing import Acceptance, MapState
 from streams.envelopes import GroupTask, WindowEnvelope, WindowPlan
 from workers.context import StageContext
 from workers.fanout import reflect_window
+from workers.gate import keep_holdout
 from workers.runtime import NamespaceRuntime
 
 __all__ = ["handle_window"]
@@ -150,10 +152,10 @@ async def _map_one(
 
     reflected: list[Reflection] = []
     skipped, map_s = 0, 0.0
-    if not give_up:
-        reflected, skipped, map_s = await reflect_window(
-            ctx, rt.namespace, acc.window_id, acc.seq, acc.traces, playbook
-        )
+    learn, held = split_holdout(acc.traces, ctx.config.promotion.gate_holdout)  # held out: never reflected on
+    await keep_holdout(ctx, rt.namespace, held)
+    if not give_up and learn:
+        reflected, skipped, map_s = await reflect_window(ctx, rt.namespace, acc.window_id, acc.seq, learn, playbook)
     # the same steps as combee.engine.run_window: tags from every reflection, the reduce over the ones that
     # teach, routed by their canonical sections
     reflections = await canonical_reflections(teaching(reflected), playbook, method, ctx.dedup, Meter())

@@ -2,8 +2,9 @@
 
 Two entries. The combiner hands it an operator's ``promote`` / ``reject`` control record (in order with the
 namespace's partials, under the namespace's lock), and :func:`promotion_loop` checks, every
-``promotion.check_s``, the namespaces whose combiner this process runs: a canary's outcomes (promote or reject)
-and the live version's outcomes against its predecessor's (roll back). Every decision is recorded in Redis with
+``promotion.check_s``, the namespaces whose combiner this process runs: a canary's outcomes (promote or reject),
+a gated candidate's answers on the validation set (workers/gate.py: promote or reject) and the live version's
+outcomes against its predecessor's (roll back). Every decision is recorded in Redis with
 its evidence by one script that applies it once (streams/redis_promotion.py).
 
 A rejection, and a rollback, change the playbook the next window builds on, so they are committed by the
@@ -25,6 +26,7 @@ from streams.control_auth import sign
 from streams.envelopes import Control
 from workers.commit import commit_control, is_current, snapshot_of
 from workers.context import StageContext
+from workers.gate import gate_decision
 from workers.runtime import NamespaceRuntime
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("combee.worker.promotion")
+RESTORE_GRACE_S = 30.0  # a rejection's new head not committed this long after the decision is asked for again
 
 
 def reject_window_id(namespace: str, version: int) -> str:
@@ -137,7 +140,8 @@ async def restore_live(ctx: StageContext, rt: NamespaceRuntime, live: int | None
 
 
 async def check_namespace(ctx: StageContext, rt: NamespaceRuntime, now: float) -> Decision | None:
-    """One check of a namespace this process owns: a canary's decision, else a rollback on outcomes; acted on.
+    """One check of a namespace this process owns: a canary's or the gate's decision, else a rollback on outcomes;
+    acted on.
     Returns the decision taken (None: nothing to do, or not this process's namespace)."""
     if ctx.serving is None or ctx.outcomes is None or rt.tenure is None or not is_current(ctx, rt.tenure):
         return None
@@ -146,9 +150,16 @@ async def check_namespace(ctx: StageContext, rt: NamespaceRuntime, now: float) -
         return None
     head = history[0].version
     state = await ctx.serving.serving(rt.namespace)
+    await _ask_restore_again(ctx, rt, state, head, now)
     counts = await ctx.outcomes.store.counts(rt.namespace)
     rule = ctx.config.promotion.rule
     decision = decide_canary(state, head, counts, rule, at=now)
+    if decision is None and state.policy == "gate":
+        decision = await gate_decision(ctx, rt.namespace, state, head, now)
+        if decision is not None:  # the evaluation took time: the owner and the head may have moved
+            if not is_current(ctx, rt.tenure):
+                return None
+            head = await ctx.serving.head(rt.namespace) or head
     if decision is None and ctx.config.promotion.rollback_on_outcomes:
         if state.policy == "direct":
             from_rollback = (history[0].meta or {}).get("rollback_to") is not None
@@ -164,6 +175,32 @@ async def check_namespace(ctx: StageContext, rt: NamespaceRuntime, now: float) -
         await _send_control(ctx, rt, Control(namespace=rt.namespace, kind=kind, to_version=target,
                                              actor=f"combee:{decision.decided_by}", requested_at=now))  # fmt: skip
     return decision
+
+
+async def _ask_restore_again(ctx: StageContext, rt: NamespaceRuntime, state: Serving, head: int, now: float) -> None:
+    """A rejection is recorded but its new head (the live content) was never committed: the process that recorded
+    it stopped before its control record reached Kafka. Ask again, once per process and only after a grace time;
+    a request that was merely slow is then a duplicate, which the combiner ignores (once per window id)."""
+    assert ctx.serving is not None
+    if state.policy == "direct" or head > state.rejected_through:
+        return
+    moves = [d for d in await ctx.serving.decisions(rt.namespace) if d.get("action") in ("reject", "rollback")]
+    if not moves or moves[-1].get("action") != "reject":  # the newest move is what is not committed yet
+        return
+    last = moves[-1]
+    version = int(last.get("version") or 0)
+    wid = reject_window_id(rt.namespace, version)
+    snap = snapshot_of(rt)
+    grace = max(RESTORE_GRACE_S, 3 * ctx.config.promotion.check_s)
+    if now - float(last.get("at") or 0.0) < grace or (snap is not None and wid in snap.applied):
+        return
+    if wid in ctx.restores_asked:
+        return
+    ctx.restores_asked.add(wid)
+    log.warning("%s: the rejection of v%d was never committed as a new head: asking the combiner again", rt.namespace,
+                version)  # fmt: skip
+    await _send_control(ctx, rt, Control(namespace=rt.namespace, kind="reject", to_version=version,
+                                         actor="combee:restore", requested_at=now))  # fmt: skip
 
 
 async def _send_control(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "add_promotion_commands",
     "cmd_promotion",
     "describe_decision",
+    "gate_sets",
     "read_head",
     "serving_summary",
     "with_promotion",
@@ -34,14 +35,21 @@ def add_promotion_commands(psub: Any) -> list[Any]:
     """Register ``policy``, ``promote`` and ``reject`` under ``combee prompt``; returns their parsers."""
     p = psub.add_parser(
         "policy",
-        help="show or set a namespace's promotion policy: direct, manual, canary --fraction F (gate: not yet)",
+        help="show or set a namespace's promotion policy: direct, manual, canary --fraction F, gate --validation FILE",
         description="Without a policy: show it. direct serves every new version at once; manual keeps new versions "
         "as candidates until `combee prompt promote` or `reject`; canary serves the candidate to a stable FRACTION "
-        "of the agents (those that give PromptClient an agent id) and lets their outcomes decide.",
+        "of the agents (those that give PromptClient an agent id) and lets their outcomes decide; gate serves a "
+        "candidate once it answers a validation set no worse than the live version (docs/promotion.md).",
     )
     p.add_argument("namespace")
     p.add_argument("policy", nargs="?", choices=("direct", "manual", "canary", "gate"))
     p.add_argument("--fraction", type=float, default=0.1, help="canary: the share of agents in the arm (0 < F <= 1)")
+    p.add_argument(
+        "--validation",
+        metavar="FILE",
+        help="gate: this namespace's validation set (JSON lines: task, truth, grader, params), kept in Redis; "
+        "without it the workers' COMBEE_PROMOTION_GATE_VALIDATION_FILE applies",
+    )
     p.add_argument("--actor", help="who decides, for the record (default: the OS user)")
     parsers = [p]
     for verb, what in (("promote", "serve a candidate version to every agent"), ("reject", "reject candidates")):
@@ -83,6 +91,17 @@ def serving_summary(serving: Any, head: int | None) -> str:
     return f"policy {serving.policy}{fraction}: live {live}, {pending}{rejected}"
 
 
+def gate_sets(own: str | None, held: int) -> str:
+    """Where a gated namespace's validation tasks come from: its own set (kept in Redis) or the workers' default
+    file, and its held-out traces."""
+    where = (
+        f"its own validation set ({sum(1 for line in own.splitlines() if line.strip())} tasks)"
+        if own is not None
+        else "the workers' default validation file"
+    )
+    return f"{where} and {held} held-out traces"
+
+
 def describe_decision(d: dict[str, Any]) -> str:
     """One line per recorded decision, with the comparison's verdict when there is one."""
     from datetime import datetime
@@ -118,13 +137,15 @@ def _policy(settings: Any, args: argparse.Namespace) -> int:
     if args.policy is None:
 
         async def show(p: RedisPromotion) -> str:
-            head = await read_head(p, ns)
-            return serving_summary(await p.serving(ns), head)
+            head, serving = await read_head(p, ns), await p.serving(ns)
+            summary = serving_summary(serving, head)
+            if serving.policy == "gate":
+                summary += f"; {gate_sets(await p.validation(ns), len(await p.held_out(ns)))}"
+            return summary
 
         print(f"{ns}: {with_promotion(settings, show)}")
         return 0
-    if args.policy == "gate":
-        raise CliError("the gate policy (a validation set decides) is not implemented yet; use manual or canary")
+    validation = _validation_text(settings, args)
     if not 0.0 < args.fraction <= 1.0:
         raise CliError(f"--fraction must be in (0, 1], got {args.fraction}")
     fraction = args.fraction if args.policy == "canary" else 0.0
@@ -135,12 +156,35 @@ def _policy(settings: Any, args: argparse.Namespace) -> int:
         before = await p.serving(ns)
         reason = f"policy {args.policy}" + (f" (fraction {fraction:g})" if args.policy == "canary" else "")
         decision = Decision("policy", 0, actor, args.policy, f"{reason}; was {before.policy}", at=now)
+        if validation is not None:
+            await p.set_validation(ns, validation)
         return await p.set_policy(ns, args.policy, fraction, decision.as_json(), set_by=actor, at=now)
 
     live = with_promotion(settings, set_it)
     served = "the head" if args.policy == "direct" else (f"v{live}" if live is not None else "nothing yet")
     print(f"{ns}: policy {args.policy}; agents are served {served}")
     return 0
+
+
+def _validation_text(settings: Any, args: argparse.Namespace) -> str | None:
+    """The validation file's text, checked line by line (None: no --validation). Only with the gate policy."""
+    if args.validation is None:
+        return None
+    if args.policy != "gate":
+        raise CliError("--validation goes with the gate policy")
+    from pathlib import Path
+
+    from combee.errors import ConfigError
+    from combee.validation import parse_validation
+
+    try:
+        text = Path(args.validation).read_text(encoding="utf-8")
+        tasks = parse_validation(text, default_grader=settings.promotion_gate_grader, source=args.validation)
+    except (OSError, UnicodeDecodeError, ConfigError) as exc:
+        raise CliError(f"--validation: {exc}") from exc
+    if not tasks:
+        raise CliError(f"--validation: {args.validation} holds no task")
+    return text
 
 
 async def read_head(p: RedisPromotion, namespace: str) -> int | None:

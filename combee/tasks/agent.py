@@ -22,7 +22,7 @@ from combee.prompts import generator_request
 from combee.tasks.data import Question
 from combee.tasks.grading import Extracted, extract_answer, formula_correct, formula_exact, grade_finer
 
-__all__ = ["Attempt", "Grade", "answer_all", "clip", "grade", "to_trace"]
+__all__ = ["Attempt", "Grade", "answer_all", "answer_one", "clip", "grade", "to_trace"]
 
 
 @dataclass(frozen=True)
@@ -97,15 +97,7 @@ async def answer_all(
 
     async def one(q: Question) -> Attempt:
         nonlocal done
-        try:
-            request = generator_request(q.context, playbook, context_tokens=context)
-        except ContextTooSmall as exc:  # this question alone does not fit the model's context: no answer
-            response = ChatResponse(text=f"(not asked: {exc})")
-            extracted = Extracted(None, "too_long")
-        else:
-            async with gate:
-                response = await llm.complete(request)
-            extracted = extract_answer(response.text)
+        response, extracted = await answer_one(llm, q.context, playbook, context_tokens=context, gate=gate)
         attempt = Attempt(q, response.text, extracted, grade(task, extracted.answer, q.target), response)
         done += 1
         if progress is not None:
@@ -113,6 +105,24 @@ async def answer_all(
         return attempt
 
     return list(await asyncio.gather(*(one(q) for q in questions)))
+
+
+async def answer_one(
+    llm: LLM, task: str, playbook: Playbook, *, context_tokens: int | None, gate: asyncio.Semaphore | None = None
+) -> tuple[ChatResponse, Extracted]:
+    """The generator's reply to ``task`` with ``playbook`` and the answer found in it. A task that cannot fit the
+    model's context (``context_tokens``) is not sent: no answer (``too_long``). ``gate`` bounds the requests in
+    flight. LLM-layer errors propagate."""
+    try:
+        request = generator_request(task, playbook, context_tokens=context_tokens)
+    except ContextTooSmall as exc:  # this task alone does not fit the model's context: no answer
+        return ChatResponse(text=f"(not asked: {exc})"), Extracted(None, "too_long")
+    if gate is None:
+        response = await llm.complete(request)
+    else:
+        async with gate:
+            response = await llm.complete(request)
+    return response, extract_answer(response.text)
 
 
 def clip(text: str, limit: int) -> str:
