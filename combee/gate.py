@@ -42,6 +42,7 @@ __all__ = [
     "decide_gate",
     "evaluate",
     "grade_answer",
+    "grade_both",
     "pair_scores",
     "promote_same_lessons",
     "same_lessons",
@@ -201,6 +202,15 @@ async def evaluate(
 ) -> PairedScores:
     """Answer every task with both playbooks (the generator role, as an agent would), grade, and pair the grades.
     At most ``concurrency`` generator requests are in flight. LLM-layer errors propagate (nothing is decided)."""
+    graded_candidate, graded_baseline = await grade_both(llm, tasks, candidate, baseline, concurrency=concurrency)
+    return pair_scores(graded_candidate, graded_baseline)
+
+
+async def grade_both(
+    llm: LLM, tasks: Sequence[ValidationTask], candidate: Playbook, baseline: Playbook, *, concurrency: int
+) -> tuple[list[Score | None], list[Score | None]]:
+    """:func:`evaluate`'s grades task by task, before pairing: the candidate's, then the baseline's (None: no
+    answer found)."""
     gate = asyncio.Semaphore(concurrency)
     context = await context_tokens_of(llm, Role.GENERATOR)
 
@@ -210,4 +220,4 @@ async def evaluate(
             return await grade_answer(llm, task, extracted.answer)
 
     graded = await asyncio.gather(*(run(t, candidate) for t in tasks), *(run(t, baseline) for t in tasks))
-    return pair_scores(graded[: len(tasks)], graded[len(tasks) :])
+    return graded[: len(tasks)], graded[len(tasks) :]

@@ -93,7 +93,9 @@ def _batches(text: str) -> tuple[int, ...]:
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
-        "task", choices=["formula", "finer", "redteam"], help="a finance task, or redteam: the red-team suite"
+        "task",
+        choices=["formula", "finer", "redteam", "gate"],
+        help="a finance task, redteam (the red-team suite), or gate (the validation gate on two playbooks)",
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
@@ -134,6 +136,14 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--n-genuine", type=positive_int, help="with redteam: genuine Formula traces mixed with the attacks (24)"
     )
     p.add_argument("--traces", type=Path, help="with redteam: the genuine traces (default: the committed 64)")
+    g = p.add_argument_group("gate (combee task gate)")
+    g.add_argument("--candidate", type=Path, help="the candidate playbook (JSON, as playbooks/ or prompt show --json)")
+    g.add_argument("--live", type=Path, help="the live playbook it must not be worse than")
+    g.add_argument("--validation", type=Path, help="validation tasks, JSON lines (docs/promotion.md)")
+    g.add_argument("--n-val", type=positive_int, default=40, help="without --validation: Formula validation questions")
+    g.add_argument("--grader", default="exact", help="with --validation: the grader of lines naming none (exact)")
+    g.add_argument("--margin", type=float, help="the paired test's margin (default COMBEE_PROMOTION_GATE_MARGIN)")
+    g.add_argument("--min-pairs", type=positive_int, help="fewest tasks (default COMBEE_PROMOTION_GATE_MIN_PAIRS)")
     p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")
     p.add_argument(
         "--data-dir",
@@ -389,6 +399,10 @@ def cmd_task(args: argparse.Namespace) -> int:
         from combee.cli.task_redteam import cmd_redteam
 
         return cmd_redteam(args)
+    if args.task == "gate":
+        from combee.cli.task_gate import cmd_gate
+
+        return cmd_gate(args)
     started = time.monotonic()
     doc = asyncio.run(_run(args, sys.stderr))
     if args.overload:
