@@ -141,7 +141,10 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--live", type=Path, help="the live playbook it must not be worse than")
     g.add_argument("--validation", type=Path, help="validation tasks, JSON lines (docs/promotion.md)")
     g.add_argument("--n-val", type=positive_int, default=40, help="without --validation: Formula validation questions")
-    g.add_argument("--grader", default="exact", help="with --validation: the grader of lines naming none (exact)")
+    g.add_argument(
+        "--grader",
+        help="the grader of validation lines naming none (exact), or of the --n-val questions (the Formula rule)",
+    )
     g.add_argument("--margin", type=float, help="the paired test's margin (default COMBEE_PROMOTION_GATE_MARGIN)")
     g.add_argument("--min-pairs", type=positive_int, help="fewest tasks (default COMBEE_PROMOTION_GATE_MIN_PAIRS)")
     p.add_argument("--seed", type=int, default=0, help="which rows are drawn, and the bootstrap's seed")

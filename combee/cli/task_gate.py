@@ -9,7 +9,8 @@ turning the gate on, or to measure the gate with a real model.
 
 The validation tasks are ``--validation FILE`` (JSON lines, the format of docs/promotion.md), or ``--n-val N``
 questions of the Formula validation split (``formula_val_subset_300.jsonl``: never a training question of
-``combee task formula``), graded by the Formula task's numeric rule. Writes ``gate.json`` (both sides' grades
+``combee task formula``), graded by the Formula task's numeric rule (or by ``--grader``: ``judge`` has the
+LLM judge grade them). Writes ``gate.json`` (both sides' grades
 task by task, the pair counts, the comparison and the decision) and ``gate.md`` into ``--out``; the generator's
 answers are cached under ``--out/cache/gate``, so a rerun replays them.
 """
@@ -35,8 +36,9 @@ FORMULA_VAL_FILE = "formula_val_subset_300.jsonl"
 PHASE = "gate"
 
 
-def formula_validation(n: int, seed: int, data_dir: Path | None) -> tuple[Any, ...]:
-    """``n`` Formula validation questions drawn with ``seed``, as gate tasks graded by the Formula rule."""
+def formula_validation(n: int, seed: int, data_dir: Path | None, grader: str | None = None) -> tuple[Any, ...]:
+    """``n`` Formula validation questions drawn with ``seed``, as gate tasks graded by the Formula rule (or by
+    ``grader``, e.g. ``judge``, with no parameters)."""
     from combee.errors import ConfigError
     from combee.tasks.data import default_data_dir, load_questions, pick
     from combee.validation import ValidationTask
@@ -45,20 +47,22 @@ def formula_validation(n: int, seed: int, data_dir: Path | None) -> tuple[Any, .
         questions = pick(load_questions((data_dir or default_data_dir()) / FORMULA_VAL_FILE), n, seed, "val")
     except ConfigError as exc:
         raise CliError(str(exc), code=2) from None
-    return tuple(
-        ValidationTask(q.id, q.context, q.target, "numeric", {"rule": "formula"}) for q in questions
-    )  # fmt: skip
+    name, params = (grader, {}) if grader else ("numeric", {"rule": "formula"})
+    return tuple(ValidationTask(q.id, q.context, q.target, name, params) for q in questions)
 
 
 def _tasks(args: argparse.Namespace) -> tuple[Any, ...]:
     from combee.errors import ConfigError
+    from combee.graders import grader_names
     from combee.validation import parse_validation
 
+    if args.grader is not None and args.grader not in grader_names():
+        raise CliError(f"unknown grader {args.grader!r}; one of {', '.join(grader_names())}", code=2)
     if args.validation is None:
-        return formula_validation(args.n_val, args.seed, args.data_dir)
+        return formula_validation(args.n_val, args.seed, args.data_dir, args.grader)
     try:
         text = args.validation.read_text()
-        return parse_validation(text, default_grader=args.grader, source=str(args.validation))
+        return parse_validation(text, default_grader=args.grader or "exact", source=str(args.validation))
     except OSError as exc:
         raise CliError(f"cannot read the validation set {args.validation} ({exc.strerror})", code=2) from None
     except ConfigError as exc:
