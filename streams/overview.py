@@ -61,6 +61,7 @@ class OverviewStore(Protocol):
     async def seen_namespaces(self) -> list[str]: ...
     async def health_reports(self) -> list[dict[str, Any]]: ...
     async def outcomes(self, namespace: str) -> dict[str, OutcomeCounts]: ...
+    async def promotion(self, namespace: str, head: int | None) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ class NamespaceOverview:
     report: WorkerReport | None
     outcomes: Mapping[str, OutcomeCounts] = field(default_factory=dict)
     """Outcomes per version key (:mod:`combee.outcomes`): the success-rate-by-version chart."""
+    promotion: Mapping[str, Any] = field(default_factory=dict)
+    """The serving state, pending candidate and newest decisions (:func:`streams.redis_promotion.promotion_summary`)."""
 
 
 @dataclass(frozen=True)
@@ -247,13 +250,15 @@ async def namespace_overview(
         if record is not None:
             records[entry.version] = record
     current = await store.current(namespace)
+    head = current.version if current else None
     return NamespaceOverview(
         namespace=namespace,
-        current=current.version if current else None,
+        current=head,
         versions=tuple(entries[:versions]),
         windows=tuple(_windows(entries[:windows], records)),
         report=worker_report(await store.get_status(namespace)),
         outcomes=await store.outcomes(namespace),
+        promotion=await store.promotion(namespace, head),
     )
 
 

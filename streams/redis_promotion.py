@@ -20,6 +20,7 @@ once, by compare-and-set on the version; only what agents are served moves here.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -29,7 +30,7 @@ from typing import Any, Final, Literal, Protocol, cast
 import redis.asyncio
 import redis.exceptions
 
-from combee.serving import POLICIES, Policy, Serving
+from combee.serving import POLICIES, Policy, Serving, pending_candidate
 from streams.keys import RedisKeys
 from streams.redis_records import reply_text
 
@@ -44,6 +45,7 @@ __all__ = [
     "WithDefaultPolicy",
     "parse_decisions",
     "parse_serving",
+    "promotion_summary",
 ]
 
 SERVING_FIELDS: Final = ("policy", "live", "previous", "fraction", "rejected_through", "serial")
@@ -152,6 +154,17 @@ def parse_decisions(raw: Mapping[Any, Any]) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             out.append(record)
     return sorted(out, key=lambda r: (float(r.get("at") or 0.0), str(r.get("id"))))
+
+
+async def promotion_summary(
+    promotion: RedisPromotion, namespace: str, head: int | None, *, decisions: int = 5
+) -> dict[str, Any]:
+    """What agents of ``namespace`` are served (the serving state, and the pending candidate given the ``head``)
+    and its newest ``decisions``, oldest first (docs/promotion.md): `combee status` and the web page."""
+    serving = await promotion.serving(namespace)
+    recorded = await promotion.decisions(namespace)
+    candidate = pending_candidate(serving, head)
+    return {**dataclasses.asdict(serving), "candidate": candidate, "decisions": recorded[-decisions:]}
 
 
 class RedisPromotion:

@@ -466,6 +466,14 @@ class RedisPromptStore(PromptStore):
 
         return cast(dict[str, OutcomeCounts], await self._call(RedisOutcomes(self._redis, self.keys).counts(namespace)))
 
+    async def promotion(self, namespace: str, head: int | None, *, decisions: int = 10) -> dict[str, Any]:
+        """The namespace's serving state, pending candidate and newest ``decisions``
+        (:func:`streams.redis_promotion.promotion_summary`)."""
+        from streams.redis_promotion import RedisPromotion, promotion_summary
+
+        summary = promotion_summary(RedisPromotion(self._redis, self.keys), namespace, head, decisions=decisions)
+        return cast(dict[str, Any], await self._call(summary))
+
     async def get_status(self, namespace: str) -> dict[str, Any] | None:
         """The status last set for ``namespace`` (None when absent or expired, or when it is not a JSON object)."""
         raw = await self._call(cast(Awaitable[Any], self._redis.get(self.keys.status(namespace))))

@@ -79,7 +79,7 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
     from combee.errors import KafkaUnreachable
     from combee.outcomes import as_json, version_order
     from streams.redis_outcomes import RedisOutcomes
-    from streams.redis_promotion import RedisPromotion
+    from streams.redis_promotion import RedisPromotion, promotion_summary
     from streams.redis_store import RedisPromptStore
 
     topics = settings.topics()
@@ -109,7 +109,7 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
                     "lag": lag.get(partition_for(ns.encode(), topics.partitions)),
                     "worker_status": await store.get_status(ns),
                     "outcomes": {k: as_json(counts[k]) for k in sorted(counts, key=version_order)},
-                    "promotion": await _promotion_row(promotion, ns, current.version if current else None),
+                    "promotion": await promotion_summary(promotion, ns, current.version if current else None),
                 }
             )
         now = time.time()
@@ -120,14 +120,3 @@ async def collect_status(settings: StreamSettings, namespace: str | None = None)
         return {"namespaces": rows, "workers": workers, "kafka_error": kafka_error}
     finally:
         await redis.aclose()
-
-
-async def _promotion_row(promotion: Any, namespace: str, head: int | None) -> dict[str, Any]:
-    """What agents of ``namespace`` are served and the newest five decisions (docs/promotion.md)."""
-    import dataclasses
-
-    from combee.serving import pending_candidate
-
-    serving = await promotion.serving(namespace)
-    decisions = await promotion.decisions(namespace)
-    return {**dataclasses.asdict(serving), "candidate": pending_candidate(serving, head), "decisions": decisions[-5:]}

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from combee.cli.base import CliError, positive_int
+from combee.promotion_text import describe_decision, serving_summary
 
 if TYPE_CHECKING:
     from streams.redis_promotion import RedisPromotion
@@ -20,10 +21,8 @@ if TYPE_CHECKING:
 __all__ = [
     "add_promotion_commands",
     "cmd_promotion",
-    "describe_decision",
     "gate_sets",
     "read_head",
-    "serving_summary",
     "with_promotion",
 ]
 
@@ -77,20 +76,6 @@ def with_promotion(settings: Any, work: Callable[[RedisPromotion], Awaitable[T]]
     return asyncio.run(run())
 
 
-def serving_summary(serving: Any, head: int | None) -> str:
-    """One line: the policy, what is live, the pending candidate."""
-    from combee.serving import pending_candidate
-
-    if serving.policy == "direct":
-        return f"policy direct: every new version is served (head v{head or 0})"
-    fraction = f" (fraction {serving.fraction:g})" if serving.policy == "canary" else ""
-    live = f"v{serving.live}" if serving.live is not None else "none"
-    candidate = pending_candidate(serving, head)
-    pending = f"candidate v{candidate} pending" if candidate is not None else "no candidate pending"
-    rejected = f", rejected through v{serving.rejected_through}" if serving.rejected_through else ""
-    return f"policy {serving.policy}{fraction}: live {live}, {pending}{rejected}"
-
-
 def gate_sets(own: str | None, held: int) -> str:
     """Where a gated namespace's validation tasks come from: its own set (kept in Redis) or the workers' default
     file, and its held-out traces."""
@@ -100,25 +85,6 @@ def gate_sets(own: str | None, held: int) -> str:
         else "the workers' default validation file"
     )
     return f"{where} and {held} held-out traces"
-
-
-def describe_decision(d: dict[str, Any]) -> str:
-    """One line per recorded decision, with the comparison's verdict when there is one."""
-    from datetime import datetime
-
-    when = datetime.fromtimestamp(float(d.get("at") or 0)).isoformat(timespec="seconds")
-    serve = d.get("serve")
-    served = f", serving v{serve}" if serve is not None else ""
-    line = f"{when}  {d.get('action')} v{d.get('version')} by {d.get('decided_by')} under {d.get('policy')}{served}"
-    evidence = d.get("evidence") or {}
-    cmp = evidence.get("comparison") if isinstance(evidence, dict) else None
-    sides = ""
-    if isinstance(evidence, dict) and isinstance(evidence.get("candidate"), dict):
-        c, b = evidence["candidate"], evidence.get("baseline") or {}
-        cand, base = f"n={c.get('n')} success={c.get('success')}", f"n={b.get('n')} success={b.get('success')}"
-        sides = f" [candidate {cand}; baseline {base}]"
-    verdict = f" {cmp.get('verdict')}:" if isinstance(cmp, dict) else ""
-    return f"{line}:{verdict} {d.get('reason')}{sides}"
 
 
 def cmd_promotion(settings: Any, args: argparse.Namespace) -> int:

@@ -201,7 +201,8 @@ def _history(client: PromptClient, limit: int) -> None:
 
 def _decisions(settings: Any, namespace: str) -> None:
     """The promotion policy, what is live, and every decision recorded (docs/promotion.md)."""
-    from combee.cli.promote import describe_decision, read_head, serving_summary, with_promotion
+    from combee.cli.promote import read_head, with_promotion
+    from combee.promotion_text import describe_decision, serving_summary
 
     async def read(p: Any) -> tuple[Any, int | None, list[dict[str, Any]]]:
         return await p.serving(namespace), await read_head(p, namespace), await p.decisions(namespace)

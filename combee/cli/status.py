@@ -93,7 +93,7 @@ def format_status(status: dict[str, Any], now: float) -> str:
 
 def promotion_lines(promotion: dict[str, Any], head: int | None) -> list[str]:
     """The policy, what is live and pending, and the newest decision (``combee prompt history``: all of them)."""
-    from combee.cli.promote import describe_decision, serving_summary
+    from combee.promotion_text import describe_decision, serving_summary
     from combee.serving import Serving
 
     if not promotion:

@@ -8,13 +8,17 @@ tests read (``namespace``, ``bullet``, ``bullet-text``, ``change``, ``window``, 
 
 from __future__ import annotations
 
+import dataclasses
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 from combee.models import Bullet
+from combee.promotion_text import decision_why, serving_summary
 from combee.promptdiff import BulletChange, PromptDiff, Quote, WindowProvenance
+from combee.serving import Serving
 from combee.ui.chart import success_rate_chart
 from streams.overview import (
     NamespaceOverview,
@@ -25,7 +29,16 @@ from streams.overview import (
     WorkerReport,
 )
 
-__all__ = ["PAGE_STYLE", "diff_page", "error_page", "health_section", "index_page", "namespace_page", "version_page"]
+__all__ = [
+    "PAGE_STYLE",
+    "diff_page",
+    "error_page",
+    "health_section",
+    "index_page",
+    "namespace_page",
+    "promotion_section",
+    "version_page",
+]
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1180px; padding: 12px 20px; color: #1d2330; }
@@ -203,6 +216,42 @@ def _window_cells(w: WindowRow, namespace: str) -> str:
     )
 
 
+def promotion_section(promotion: Mapping[str, Any], head: int | None, namespace: str) -> str:
+    """What agents are served (the policy, the live version, a pending candidate) and the newest decisions,
+    newest first, each with its evidence in brief (docs/promotion.md)."""
+    if not promotion:
+        return '<p class="empty">No promotion state recorded (policy direct).</p>'
+    names = {f.name for f in dataclasses.fields(Serving)}
+    try:
+        state = serving_summary(Serving(**{k: v for k, v in promotion.items() if k in names}), head)
+    except (TypeError, ValueError) as exc:  # not what streams.redis_promotion reads: say so, render the rest
+        state = f"unreadable serving state ({exc})"
+    summary = f'<p id="promotion-summary">{_e(state)}</p>'
+    decisions = [d for d in promotion.get("decisions") or () if isinstance(d, Mapping)]
+    if not decisions:
+        return f'{summary}\n<p class="empty">No decision recorded yet.</p>'
+    rows = []
+    for d in reversed(decisions):
+        version, serve = _int_or_none(d.get("version")), _int_or_none(d.get("serve"))
+        acted = _link(_version_url(namespace, version), f"v{version}") if version is not None else "—"
+        served = _link(_version_url(namespace, serve), f"v{serve}") if serve is not None else "unchanged"
+        rows.append(
+            f'<tr class="decision-row"><td>{_when(_float_or_none(d.get("at")))}</td><td>{_e(d.get("action"))}</td>'
+            f"<td>{acted}</td><td>{_e(d.get('decided_by'))}</td><td>{served}</td>"
+            f'<td class="decision">{_e(decision_why(d))}</td></tr>'
+        )
+    table = _table(["When", "Decision", "Version", "By", "Serves", "Why"], rows, "decisions")
+    return f"{summary}\n{table}"
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def namespace_page(view: NamespaceOverview, health: Sequence[WorkerHealth] = ()) -> str:
     """The workers' outages, then a namespace: its current version, its versions, its recent windows and its
     worker's report."""
@@ -240,8 +289,9 @@ def namespace_page(view: NamespaceOverview, health: Sequence[WorkerHealth] = ())
         "windows",
     )
     chart = success_rate_chart(view.outcomes, view.current)
+    promotion = promotion_section(view.promotion, view.current, ns)
     body = (
-        f"{head}\n<h2>Controller</h2>\n{_report(view.report)}\n"
+        f"{head}\n<h2>Promotion</h2>\n{promotion}\n<h2>Controller</h2>\n{_report(view.report)}\n"
         f"<h2>Success rate by version</h2>\n{chart}\n"
         f'<h2>Recent windows</h2>\n<p class="note">{_e(_LATENCY_NOTE)}</p>\n{windows}\n'
         f"<h2>Versions</h2>\n{versions}"

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from combee.cli.promote import describe_decision, gate_sets, serving_summary
+from combee.cli.promote import gate_sets
 from combee.cli.status import promotion_lines
 from combee.gate import PairedScores, decide_gate
 from combee.outcomes import OutcomeCounts
 from combee.promotion import GateRule, Rule, decide_canary
+from combee.promotion_text import describe_decision, serving_summary
 from combee.serving import Serving
 
 

@@ -101,7 +101,11 @@ class FakeStore:
     async def outcomes(self, namespace: str) -> dict[str, OutcomeCounts]:
         return dict(self.outcome_counts) if namespace in self.records else {}
 
+    async def promotion(self, namespace: str, head: int | None) -> dict[str, Any]:
+        return dict(self.promotion_state) if namespace in self.records else {}
+
     outcome_counts: Mapping[str, OutcomeCounts] = MappingProxyType({})
+    promotion_state: Mapping[str, Any] = MappingProxyType({})
 
     health: tuple[dict[str, Any], ...] = ()
 
@@ -318,3 +322,33 @@ async def test_the_namespace_page_charts_success_rate_by_version_with_wilson_whi
 def test_no_outcomes_say_how_to_get_them() -> None:
     view = overview.NamespaceOverview(NS, 1, (HistoryEntry(1, W1, None, 1, 5, {"traces": 3}),), (), None)
     assert "No outcomes yet" in render.namespace_page(view)
+
+
+# --- promotion: what agents are served, and the decisions -------------------------------------------------
+
+
+async def test_the_namespace_page_shows_the_pending_candidate_and_the_decisions_newest_first() -> None:
+    s = store()
+    reject = {"action": "reject", "version": 3, "decided_by": "gate", "policy": "gate", "serve": 1, "at": 1.8e9 + 9,
+              "reason": "worse: <b>bound</b> -0.2", "evidence": {"comparison": {"verdict": "worse"},
+              "candidate": {"n": 40, "success": 9}, "baseline": {"n": 40, "success": 17}}}  # fmt: skip
+    promote = {"action": "promote", "version": 1, "decided_by": "operator:ana", "policy": "gate", "serve": 1,
+               "at": 1.8e9 + 5, "reason": "checked by hand"}  # fmt: skip
+    s.promotion_state = {"policy": "gate", "live": 1, "previous": None, "fraction": 0.0, "rejected_through": 0,
+                         "serial": 3, "candidate": 2, "decisions": [promote, reject]}  # fmt: skip
+    page = render.namespace_page(await overview.namespace_overview(s, NS))
+    assert "policy gate: live v1, candidate v2 pending" in page  # the head (v2) is not what agents read
+    rows = page[page.index('class="decisions"') :].split('class="decision-row"')[1:]
+    assert [("reject" in r, "promote" in r) for r in rows] == [(True, False), (False, True)]  # newest first
+    assert "worse: worse: &lt;b&gt;bound&lt;/b&gt; -0.2 [candidate n=40 success=9; baseline n=40 success=17]" in rows[0]
+    assert "<b>bound" not in page  # a reason is data: escaped
+
+
+async def test_a_direct_namespace_without_decisions_says_so_and_a_bad_state_does_not_break_the_page() -> None:
+    s = store()
+    s.promotion_state = {"policy": "direct", "live": None, "decisions": []}
+    page = render.namespace_page(await overview.namespace_overview(s, NS))
+    assert "policy direct: every new version is served (head v2)" in page and "No decision recorded yet" in page
+    s.promotion_state = {"policy": "lottery", "decisions": []}
+    page = render.namespace_page(await overview.namespace_overview(s, NS))
+    assert "unreadable serving state (unknown promotion policy &#x27;lottery&#x27;" in page
