@@ -24,8 +24,6 @@ import redis.asyncio
 from combee.holdout import held_out
 from combee.models import Trace
 from combee.serving import pending_candidate
-from combee.sim.config import SimConfig
-from combee.sim.runner import SimProcess
 from streams.client import PromptClient, PromptUnavailable
 from streams.codec import decode
 from streams.envelopes import ReflectTask
@@ -101,8 +99,7 @@ def generator() -> Iterator[ScriptedGenerator]:
 @pytest.fixture
 def pipe(tmp_path: Path) -> Iterator[Pipeline]:
     p = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
-    p.sim = SimProcess(SimConfig(seed=p.sim_seed, time_scale=p.time_scale), world="combee")
-    p.sim.start(timeout=STARTUP_S)
+    p.start_sim(STARTUP_S)
     try:
         yield p
     finally:

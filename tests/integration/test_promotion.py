@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from combee.serving import in_canary_arm
-from combee.sim.config import SimConfig
-from combee.sim.runner import SimProcess
 from streams.client import PromptClient, PromptUnavailable
 from streams.redis_promotion import SERVING_FIELDS, parse_serving
 from tests.integration.pipeline import Pipeline, wait_until
@@ -29,8 +27,7 @@ LEARN_S = 900  # a loaded machine learns slowly; the services answer in time reg
 def pipe(tmp_path: Path) -> Iterator[Pipeline]:
     """The conftest's pipeline, with a simulator given longer to start (this test learns on a loaded machine)."""
     p = Pipeline(kafka_bootstrap_or_skip(), redis_url_or_skip(), tmp_path)
-    p.sim = SimProcess(SimConfig(seed=p.sim_seed, time_scale=p.time_scale), world="combee")
-    p.sim.start(timeout=STARTUP_S)
+    p.start_sim(STARTUP_S)
     try:
         yield p
     finally:
