@@ -279,8 +279,6 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         w.window_id, playbook.version, stats.added, stats.updated, stats.removed, len(playbook.bullets),
         stats.deduplicated, meter.folded_ops, meter.dedup_s * 1000, stats.evicted,
     )  # fmt: skip
-    async with rt.applied:
-        rt.applied.notify_all()
     ctx.wake.set()
     return True
 

@@ -188,9 +188,25 @@ async def _remember(
     )
     remember_quarantine(ctx, record)
     if current:
+        await _announce_applied(ctx, rt.namespace)
         position = tenure.checkpoint()
         if checkpoint and position is not None:
             await ctx.snapshots.put_raw(tenure.partition, CHECKPOINT, encode_checkpoint(position))
+
+
+async def _announce_applied(ctx: StageContext, namespace: str) -> None:
+    """Wake the map stage's waiters of ``namespace``: the snapshot it reads moved on.
+
+    The waiters are on the runtime the namespace has *now* (``ctx.runtimes``), not necessarily the one the
+    writer holds: a rebalance replaces the runtime while an earlier tenure's apply or a claim's replay is still
+    running, and a wake-up sent to the replaced object would reach nobody (a window then waits for its turn
+    forever; seen in the fault suite's zombie scenario).
+    """
+    rt = ctx.runtimes.get(namespace)
+    if rt is None:
+        return
+    async with rt.applied:
+        rt.applied.notify_all()
 
 
 async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:

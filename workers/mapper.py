@@ -87,8 +87,16 @@ def _counted_producers(ctx: StageContext, env: WindowEnvelope, acc: Acceptance) 
     return {t: p for t, p in counted.items() if p is not None}
 
 
+RECHECK_S = 5.0
+
+
 async def _wait_turn(ctx: StageContext, rt: NamespaceRuntime, seq: int) -> Playbook:
-    """Wait until window ``seq`` may be mapped; return the playbook version it is computed against."""
+    """Wait until window ``seq`` may be mapped; return the playbook version it is computed against.
+
+    Woken by the combiner each time a snapshot of the namespace becomes current; the turn is also looked at
+    again every ``RECHECK_S`` seconds, so a wake-up lost to a rebalance costs seconds, not the namespace's
+    liveness (such a late turn is logged: it means a path that moves the snapshot on did not wake us).
+    """
     limit = ctx.config.policy.max_inflight
     async with rt.applied:
         while True:
@@ -96,7 +104,12 @@ async def _wait_turn(ctx: StageContext, rt: NamespaceRuntime, seq: int) -> Playb
             applied = snap.next_seq if snap is not None else 0
             if seq - applied < limit:
                 return snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
-            await rt.applied.wait()
+            try:
+                await asyncio.wait_for(rt.applied.wait(), RECHECK_S)
+            except TimeoutError:
+                snap = ctx.snapshots.get(rt.namespace)
+                if snap is not None and seq - snap.next_seq < limit:
+                    log.warning("%s: window seq %d found its turn without a wake-up", rt.namespace, seq)
 
 
 MAX_UNEXPECTED_FAILURES = 5

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import pytest
+
+from streams.codec import decode
+from streams.envelopes import WindowPlan
 from tests.fakes import ScriptedLLM, echo_script
 from tests.workers.test_stages import (
     Event,
@@ -23,10 +27,12 @@ from tests.workers.test_stages import (
     feed_traces,
     learner,
     reflect_through_the_pool,
+    run_until_quiet,
     trace,
 )
+from workers import mapper
 from workers.app import _forget
-from workers.combine import handle_partial
+from workers.combine import ensure_ready, handle_partial
 from workers.curate import handle_group
 from workers.mapper import handle_window
 from workers.resume import Look, check_stalls
@@ -215,3 +221,69 @@ async def _feed_through_intake(ctx, kafka, stream, ns: str, n: int) -> None:  # 
         offset = await kafka.send(ctx.topics.traces, ns.encode(), trace(ns, i), part)
         for e in await ctx.with_backfill(Event(Msg(ctx.topics.traces, part, offset, ns.encode(), trace(ns, i)))):
             await handle_trace(ctx, stream, e)
+
+
+def _plans(kafka: MemoryKafka, topic: str) -> list[WindowPlan]:
+    return [env for m in kafka.records(topic) if isinstance(env := decode(m.value or b""), WindowPlan)]
+
+
+async def test_a_window_waiting_for_its_turn_is_woken_when_a_new_claim_replays_the_window_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fault suite's zombie stall: a rebalance replaced the namespace's runtime while the window before was
+    logged but not yet snapshotted; the next window, delivered again, waited for its turn on the new runtime, and
+    the new claim's replay, which made that turn come, woke nobody. The namespace never learned again."""
+    monkeypatch.setattr(mapper, "RECHECK_S", 3600.0)  # the wake-up must do it, not the periodic re-check
+    await _stalled_window_is_mapped()
+
+
+async def test_a_lost_wake_up_costs_one_re_check_not_the_namespace(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Should a path that moves the snapshot on ever forget to wake the map stage, the turn is looked at again."""
+    from workers import commit
+
+    async def forgotten(*args: object) -> None:
+        return None
+
+    monkeypatch.setattr(mapper, "RECHECK_S", 0.05)
+    monkeypatch.setattr(commit, "_announce_applied", forgotten)
+    await _stalled_window_is_mapped(pause_s=0.3)
+    assert "found its turn without a wake-up" in caplog.text
+
+
+async def _stalled_window_is_mapped(pause_s: float = 0.0) -> None:
+    import asyncio
+
+    kafka, stream = GroupKafka(), Stream()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    part = ctx.home_partition("alpha")
+    await feed_traces(ctx, kafka, stream, "alpha", 6)
+    await run_until_quiet(ctx, kafka, stream, set())
+    learned = ctx.snapshots.get("alpha")
+    assert learned is not None and learned.next_seq >= 1
+    # the owner logged the last window's delta, then lost the partition before its snapshot was written
+    del kafka.logs[(ctx.topics.playbooks, part)][-2:]
+    for i in range(100, 106):  # the next window closes, as the rebalance comes
+        offset = await kafka.send(ctx.topics.traces, b"alpha", trace("alpha", i), part)
+        await handle_trace(ctx, stream, Event(Msg(ctx.topics.traces, part, offset, b"alpha", trace("alpha", i))))
+    await close_due_windows(ctx)
+    windows = kafka.records(ctx.topics.windows)
+    _forget(ctx, [TP(t, p) for t in ctx.topics.stage_inputs for p in range(ctx.topics.partitions)])
+
+    await handle_window(ctx, stream, Event(windows[-1]))  # delivered again: it waits for the window before it
+    await _settle_mappers(ctx)
+    assert [p.seq for p in _plans(kafka, ctx.topics.partials)] == list(range(learned.next_seq))
+
+    await ensure_ready(ctx, part)  # the new claim replays the logged delta: the turn has come
+    await asyncio.sleep(pause_s)
+    await _settle_mappers(ctx)
+    await reflect_through_the_pool(ctx, kafka, stream)
+    assert [p.seq for p in _plans(kafka, ctx.topics.partials)] == list(range(learned.next_seq + 1))
+
+
+async def _settle_mappers(ctx) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    for _ in range(100):
+        await asyncio.sleep(0)
