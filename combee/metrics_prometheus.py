@@ -45,6 +45,7 @@ class PrometheusMetrics:
         self.prices = prices or LLMPrices()
         # namespaces are chosen by producers: past the first max_namespaces, their series are one, "(other)"
         self._ns = BoundedLabels(max_namespaces)
+        self._series_made: set[str] = set()  # namespace labels whose series namespace_seen has created
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._traces = Counter(
@@ -264,6 +265,7 @@ class PrometheusMetrics:
 
     def namespace_seen(self, namespace: str) -> None:
         label = self._ns(namespace)
+        self._series_made.add(label)
         for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND, NAMESPACE_LIMIT_KIND, *IDENTITY_REFUSALS):
             self._traces.labels(label, "dead_lettered", reason)
         if label:
@@ -276,8 +278,10 @@ class PrometheusMetrics:
     def trace_moved(self, namespace: str) -> None:
         # a moved trace may be the first this worker sees of its namespace (it is admitted on its home partition,
         # perhaps by another worker): its series exist from here on, as for a namespace admitted here
-        self.namespace_seen(namespace)
-        self._moved.labels(self._ns(namespace)).inc()
+        label = self._ns(namespace)
+        if label not in self._series_made:
+            self.namespace_seen(namespace)
+        self._moved.labels(label).inc()
 
     def control_refused(self, reason: str) -> None:
         self._controls_refused.labels(reason).inc()

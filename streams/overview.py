@@ -35,6 +35,8 @@ __all__ = [
     "WindowRow",
     "WorkerHealth",
     "WorkerReport",
+    "as_float",
+    "as_int",
     "health_view",
     "namespace_overview",
     "namespace_summaries",
@@ -147,11 +149,13 @@ class VersionDetail:
     current: int | None
 
 
-def _int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
+    """``value`` when it is an int (a bool is not), else None: a field of the wrong type reads as unknown."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
+    """``value`` as a float when it is a number (a bool is not), else None."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -168,17 +172,17 @@ def worker_report(status: Mapping[str, Any] | None) -> WorkerReport | None:
     worker = status.get("worker")
     return WorkerReport(
         worker=worker if isinstance(worker, str) else None,
-        updated_at=_float(status.get("updated_at")),
-        traces_seen=_int(status.get("traces_seen")),
-        buffered=_int(status.get("buffered")),
-        windows_in_flight=_int(status.get("windows_in_flight")),
-        batch_size=_int(ctl.get("batch_size")),
+        updated_at=as_float(status.get("updated_at")),
+        traces_seen=as_int(status.get("traces_seen")),
+        buffered=as_int(status.get("buffered")),
+        windows_in_flight=as_int(status.get("windows_in_flight")),
+        batch_size=as_int(ctl.get("batch_size")),
         profiling=ctl.get("profiling") is True,
-        next_trial=_int(ctl.get("next_trial")),
+        next_trial=as_int(ctl.get("next_trial")),
         decision=why if isinstance(why, str) else "not reported",
-        latency_p50_s=_float(lat.get("p50")),
-        latency_p95_s=_float(lat.get("p95")),
-        latency_windows=_int(lat.get("n")) or 0,
+        latency_p50_s=as_float(lat.get("p50")),
+        latency_p95_s=as_float(lat.get("p95")),
+        latency_windows=as_int(lat.get("n")) or 0,
     )
 
 
@@ -188,7 +192,7 @@ async def health_view(store: OverviewStore, now: float) -> tuple[WorkerHealth, .
     for report in await store.health_reports():
         deps = report.get("dependencies")
         entries = [d for d in deps.values() if isinstance(d, dict)] if isinstance(deps, dict) else []
-        updated = _float(report.get("updated_at"))
+        updated = as_float(report.get("updated_at"))
         age = None if updated is None else max(0.0, now - updated)
         worker = report.get("worker")
         out.append(
@@ -228,7 +232,7 @@ def _windows(entries: Sequence[HistoryEntry], records: Mapping[int, VersionRecor
         listed = record.provenance if record is not None and record.provenance else ()
         if not listed:  # published before provenance was stored, or a republish: only the version's own window
             traces = entry.meta.get("traces")
-            size = _int(traces) if entry.window_id is not None else None
+            size = as_int(traces) if entry.window_id is not None else None
             rows.append(WindowRow(entry.version, entry.window_id, size, None, entry.version, entry.published_at))
             continue
         for p in sorted(listed, key=lambda p: p.version, reverse=True):

@@ -27,6 +27,8 @@ from streams.overview import (
     WindowRow,
     WorkerHealth,
     WorkerReport,
+    as_float,
+    as_int,
 )
 
 __all__ = [
@@ -232,24 +234,16 @@ def promotion_section(promotion: Mapping[str, Any], head: int | None, namespace:
         return f'{summary}\n<p class="empty">No decision recorded yet.</p>'
     rows = []
     for d in reversed(decisions):
-        version, serve = _int_or_none(d.get("version")), _int_or_none(d.get("serve"))
+        version, serve = as_int(d.get("version")), as_int(d.get("serve"))
         acted = _link(_version_url(namespace, version), f"v{version}") if version is not None else "—"
         served = _link(_version_url(namespace, serve), f"v{serve}") if serve is not None else "unchanged"
         rows.append(
-            f'<tr class="decision-row"><td>{_when(_float_or_none(d.get("at")))}</td><td>{_e(d.get("action"))}</td>'
+            f'<tr class="decision-row"><td>{_when(as_float(d.get("at")))}</td><td>{_e(d.get("action"))}</td>'
             f"<td>{acted}</td><td>{_e(d.get('decided_by'))}</td><td>{served}</td>"
             f'<td class="decision">{_e(decision_why(d))}</td></tr>'
         )
     table = _table(["When", "Decision", "Version", "By", "Serves", "Why"], rows, "decisions")
     return f"{summary}\n{table}"
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float_or_none(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def namespace_page(view: NamespaceOverview, health: Sequence[WorkerHealth] = ()) -> str:
