@@ -210,13 +210,29 @@ async def _send_control(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) 
 
 async def promotion_loop(ctx: StageContext, clock: Callable[[], float] = time.time) -> None:
     """Background task: :func:`check_namespace` for every namespace every ``promotion.check_s`` seconds. Redis or
-    Kafka away: logged, tried again at the next tick."""
-    while True:
-        await asyncio.sleep(ctx.config.promotion.check_s)
-        for rt in list(ctx.runtimes.values()):
-            try:
-                await check_namespace(ctx, rt, clock())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("promotion check of %s failed: %s", rt.namespace, exc)
+    Kafka away: logged, tried again at the next tick.
+
+    Each namespace's check runs as a task of its own, at most one per namespace at a time: a gate evaluation
+    (minutes of generator calls on a real model) delays only its own namespace's next check, never the canary
+    decisions and rollbacks of the others."""
+    running: dict[str, asyncio.Task[None]] = {}
+    try:
+        while True:
+            await asyncio.sleep(ctx.config.promotion.check_s)
+            for ns in [ns for ns, task in running.items() if task.done()]:
+                del running[ns]
+            for rt in list(ctx.runtimes.values()):
+                if rt.namespace not in running:
+                    running[rt.namespace] = asyncio.create_task(_check_logged(ctx, rt, clock()))
+    finally:
+        for task in running.values():
+            task.cancel()
+
+
+async def _check_logged(ctx: StageContext, rt: NamespaceRuntime, now: float) -> None:
+    try:
+        await check_namespace(ctx, rt, now)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("promotion check of %s failed: %s", rt.namespace, exc)

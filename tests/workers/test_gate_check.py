@@ -320,3 +320,39 @@ async def test_an_older_rejection_is_not_asked_for_again_when_a_rollback_moved_t
     promotion.state = dataclasses.replace(promotion.state, rejected_through=4)
     await check_namespace(ctx, rt, 500.0)
     assert controls(kafka, ctx) == []
+
+
+async def test_a_long_gate_evaluation_delays_only_its_own_namespaces_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop runs each namespace's check as its own task, one at a time per namespace: the fast namespace is
+    checked at every tick while the slow one's evaluation (blocked here) is still running, and the slow one is
+    not started again beside itself."""
+    import asyncio
+
+    from workers import promotion
+
+    kafka = MemoryKafka()
+    ctx = learner(kafka, ScriptedLLM(echo_script))
+    ctx.config = dataclasses.replace(ctx.config, promotion=dataclasses.replace(ctx.config.promotion, check_s=0.01))
+    for ns in ("slow", "fast"):
+        ctx.runtime(ns)
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def check(c: StageContext, rt: Any, now: float) -> None:
+        calls.append(rt.namespace)
+        if rt.namespace == "slow":
+            await release.wait()
+
+    monkeypatch.setattr(promotion, "check_namespace", check)
+    loop = asyncio.create_task(promotion.promotion_loop(ctx))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if calls.count("fast") >= 5:
+            break
+    assert calls.count("fast") >= 5 and calls.count("slow") == 1
+    release.set()
+    await asyncio.sleep(0.1)
+    loop.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await loop
+    assert calls.count("slow") >= 2  # checked again once its evaluation ended
