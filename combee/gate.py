@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from combee.compare import Comparison, compare_paired
 from combee.errors import LLMParseError
@@ -35,9 +35,10 @@ from combee.models import Playbook
 from combee.promotion import Decision, GateRule
 from combee.serving import Serving, pending_candidate
 from combee.tasks.agent import answer_one
-from combee.validation import ValidationTask
+from combee.validation import ValidationTask, validation_line
 
 __all__ = [
+    "BaselineGrades",
     "PairedScores",
     "decide_gate",
     "evaluate",
@@ -198,26 +199,67 @@ async def grade_answer(llm: LLM, task: ValidationTask, prediction: str | None) -
 
 
 async def evaluate(
-    llm: LLM, tasks: Sequence[ValidationTask], candidate: Playbook, baseline: Playbook, *, concurrency: int
+    llm: LLM,
+    tasks: Sequence[ValidationTask],
+    candidate: Playbook,
+    baseline: Playbook,
+    *,
+    concurrency: int,
+    known: BaselineGrades | None = None,
 ) -> PairedScores:
     """Answer every task with both playbooks (the generator role, as an agent would), grade, and pair the grades.
-    At most ``concurrency`` generator requests are in flight. LLM-layer errors propagate (nothing is decided)."""
-    graded_candidate, graded_baseline = await grade_both(llm, tasks, candidate, baseline, concurrency=concurrency)
+    At most ``concurrency`` generator requests are in flight. LLM-layer errors propagate (nothing is decided).
+
+    ``known``: the baseline's grades kept from an earlier evaluation against the same baseline version (see
+    :class:`BaselineGrades`); tasks found there are not asked again, and the grades of the others are added to it.
+    """
+    graded_candidate, graded_baseline = await grade_both(
+        llm, tasks, candidate, baseline, concurrency=concurrency, known=known
+    )
     return pair_scores(graded_candidate, graded_baseline)
 
 
+@dataclass
+class BaselineGrades:
+    """The grades of one baseline (live) version's answers, by task: a candidate rejected leaves the live version
+    as it was, so the next candidate's evaluation needs only its own answers (half the generator calls)."""
+
+    version: int
+    grades: dict[str, Score | None] = field(default_factory=dict)
+
+    @staticmethod
+    def key(task: ValidationTask) -> str:
+        return validation_line(task)
+
+
 async def grade_both(
-    llm: LLM, tasks: Sequence[ValidationTask], candidate: Playbook, baseline: Playbook, *, concurrency: int
+    llm: LLM,
+    tasks: Sequence[ValidationTask],
+    candidate: Playbook,
+    baseline: Playbook,
+    *,
+    concurrency: int,
+    known: BaselineGrades | None = None,
 ) -> tuple[list[Score | None], list[Score | None]]:
     """:func:`evaluate`'s grades task by task, before pairing: the candidate's, then the baseline's (None: no
-    answer found)."""
+    answer found). ``known`` as for :func:`evaluate` (ignored unless it is the baseline's version)."""
     gate = asyncio.Semaphore(concurrency)
     context = await context_tokens_of(llm, Role.GENERATOR)
+    if known is not None and known.version != baseline.version:
+        known = None
 
     async def run(task: ValidationTask, playbook: Playbook) -> Score | None:
         _, extracted = await answer_one(llm, task.task, playbook, context_tokens=context, gate=gate)
         async with gate:
             return await grade_answer(llm, task, extracted.answer)
 
-    graded = await asyncio.gather(*(run(t, candidate) for t in tasks), *(run(t, baseline) for t in tasks))
+    async def run_baseline(task: ValidationTask) -> Score | None:
+        if known is not None and (key := BaselineGrades.key(task)) in known.grades:
+            return known.grades[key]
+        score = await run(task, baseline)
+        if known is not None:
+            known.grades[BaselineGrades.key(task)] = score
+        return score
+
+    graded = await asyncio.gather(*(run(t, candidate) for t in tasks), *(run_baseline(t) for t in tasks))
     return graded[: len(tasks)], graded[len(tasks) :]

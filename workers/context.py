@@ -17,6 +17,7 @@ from combee.controller import DEFAULT_BS, DEFAULT_TRIAL_SIZES, BatchSizeControll
 from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
+from combee.gate import BaselineGrades
 from combee.identity import IdentityPolicy
 from combee.llm import LLM, Role
 from combee.metrics import Metrics, NoMetrics
@@ -118,6 +119,8 @@ class StageContext:
     serving: RedisPromotion | None = None
     # the candidate each gated namespace was last said to wait with (workers/gate.py logs a wait once)
     gate_waits: dict[str, int] = field(default_factory=dict)
+    # per namespace: the live version's graded answers to the validation tasks, reused by the next evaluation
+    gate_baselines: dict[str, BaselineGrades] = field(default_factory=dict)
     # rejections whose new head this process asked the combiner for again (workers/promotion.py), by window id
     restores_asked: set[str] = field(default_factory=set)
 

@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 
 from combee.errors import ConfigError
-from combee.gate import decide_gate, evaluate, promote_same_lessons, same_lessons, too_few_tasks
+from combee.gate import BaselineGrades, decide_gate, evaluate, promote_same_lessons, same_lessons, too_few_tasks
 from combee.holdout import holdout_task
 from combee.models import Playbook, Trace
 from combee.promotion import Decision
@@ -109,7 +109,15 @@ async def gate_decision(ctx: StageContext, namespace: str, state: Serving, head:
         _wait(ctx, namespace, candidate, why)
         return None
     log.info("%s: gate: evaluating v%d against the live v%d on %d tasks", namespace, candidate, state.live, len(tasks))
-    pairs = await evaluate(ctx.llm, tasks, cand, live, concurrency=rule.concurrency)
+    known = ctx.gate_baselines.get(namespace)
+    if known is None or known.version != live.version:
+        known = ctx.gate_baselines[namespace] = BaselineGrades(live.version)
+    reused = sum(BaselineGrades.key(t) in known.grades for t in tasks)
+    if reused:
+        log.info(
+            "%s: gate: the live v%d's answers to %d of the tasks kept from before", namespace, live.version, reused
+        )
+    pairs = await evaluate(ctx.llm, tasks, cand, live, concurrency=rule.concurrency, known=known)
     graders = dict(sorted(Counter(t.grader for t in tasks).items()))
     validation = {"source": source, "tasks": len(tasks), "graders": graders}
     return decide_gate(state, candidate, pairs, rule, at=now, validation=validation)

@@ -12,6 +12,7 @@ import pytest
 from combee.errors import ConfigError, LLMParseError
 from combee.forget import ForgetRule
 from combee.gate import (
+    BaselineGrades,
     PairedScores,
     decide_gate,
     evaluate,
@@ -242,6 +243,24 @@ async def test_evaluation_pairs_each_task_answered_with_both_playbooks(grader: s
     assert (same.both, same.baseline_only) == (30, 0)
     d = decide_gate(Serving(policy="gate", live=3), 4, same, RULE, at=1.0)
     assert d is not None and d.action == "promote"
+
+
+async def test_the_live_versions_grades_are_reused_by_the_next_candidate_against_it() -> None:
+    """A rejected candidate leaves the live version as it was: the next evaluation against it asks the generator
+    only for the candidate's answers (and the new tasks' live answers), with the same pairs as a full one."""
+    tasks = numbered(30)
+    known = BaselineGrades(GOOD.version)
+    first = ScriptedLLM(per_playbook)
+    await evaluate(first, tasks[:20], BAD, GOOD, concurrency=3, known=known)
+    assert len(first.calls(Role.GENERATOR)) == 40 and len(known.grades) == 20
+    again = ScriptedLLM(per_playbook)
+    reused = await evaluate(again, tasks, BAD.model_copy(update={"version": 5}), GOOD, concurrency=3, known=known)
+    assert len(again.calls(Role.GENERATOR)) == 30 + 10
+    full = await evaluate(ScriptedLLM(per_playbook), tasks, BAD, GOOD, concurrency=3)
+    assert reused == full
+    other_live = ScriptedLLM(per_playbook)  # grades of another live version are never used
+    await evaluate(other_live, tasks, BAD, GOOD.model_copy(update={"version": 9}), concurrency=3, known=known)
+    assert len(other_live.calls(Role.GENERATOR)) == 60
 
 
 async def test_a_judge_answer_that_does_not_parse_grades_the_answer_wrong() -> None:
