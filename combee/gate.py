@@ -26,6 +26,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from combee.answers import answer_one
 from combee.compare import Comparison, compare_paired
 from combee.errors import LLMParseError
 from combee.graders import JUDGE, Score, make_grader
@@ -34,7 +35,6 @@ from combee.llm import LLM, Role, context_tokens_of
 from combee.models import Playbook
 from combee.promotion import Decision, GateRule
 from combee.serving import Serving, pending_candidate
-from combee.tasks.agent import answer_one
 from combee.validation import ValidationTask, validation_line
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 The agent is the generator role: :func:`combee.prompts.generator_request` puts the playbook in the system
 message (the shared prefix a llama.cpp or hosted server can reuse) and the question in the user message; the
-answer goes through :func:`combee.tasks.grading.extract_answer`. A graded :class:`Attempt` becomes a
+answer goes through :func:`combee.answers.extract_answer`. A graded :class:`Attempt` becomes a
 :class:`combee.models.Trace` the way ACE's environment reports a run to its reflector: the question as the task,
 the agent's reasoning and final answer as the output, and feedback with a success flag and a message that
 states the ground truth.
@@ -15,14 +15,13 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from combee.errors import ContextTooSmall
+from combee.answers import Extracted, answer_one
 from combee.llm import LLM, ChatResponse, Role, context_tokens_of
 from combee.models import LIMITS, Feedback, Playbook, Trace
-from combee.prompts import generator_request
 from combee.tasks.data import Question
-from combee.tasks.grading import Extracted, extract_answer, formula_correct, formula_exact, grade_finer
+from combee.tasks.grading import formula_correct, formula_exact, grade_finer
 
-__all__ = ["Attempt", "Grade", "answer_all", "answer_one", "clip", "grade", "to_trace"]
+__all__ = ["Attempt", "Grade", "answer_all", "clip", "grade", "to_trace"]
 
 
 @dataclass(frozen=True)
@@ -105,24 +104,6 @@ async def answer_all(
         return attempt
 
     return list(await asyncio.gather(*(one(q) for q in questions)))
-
-
-async def answer_one(
-    llm: LLM, task: str, playbook: Playbook, *, context_tokens: int | None, gate: asyncio.Semaphore | None = None
-) -> tuple[ChatResponse, Extracted]:
-    """The generator's reply to ``task`` with ``playbook`` and the answer found in it. A task that cannot fit the
-    model's context (``context_tokens``) is not sent: no answer (``too_long``). ``gate`` bounds the requests in
-    flight. LLM-layer errors propagate."""
-    try:
-        request = generator_request(task, playbook, context_tokens=context_tokens)
-    except ContextTooSmall as exc:  # this task alone does not fit the model's context: no answer
-        return ChatResponse(text=f"(not asked: {exc})"), Extracted(None, "too_long")
-    if gate is None:
-        response = await llm.complete(request)
-    else:
-        async with gate:
-            response = await llm.complete(request)
-    return response, extract_answer(response.text)
 
 
 def clip(text: str, limit: int) -> str:

@@ -22,27 +22,18 @@ compares position by position (numeric labels as numbers). Accuracy is label-lev
 labels, as upstream reports it); ``all_correct`` (every label right) is the sample-level figure upstream uses
 as the training success signal.
 
-**Answer extraction** (:func:`extract_answer`): the generator's answer is parsed by
-:func:`combee.prompts.parse_answer` (the project's one parser of the generator's JSON). When that fails, the
-upstream fallbacks are tried on the raw text, in order: ``Finish[...]``, a ``"final_answer": ...`` field (also
-in truncated JSON), and "The final answer is ...". No fallback matching means no answer (graded wrong).
+The generator's answer is found in its raw text by :func:`combee.answers.extract_answer`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
-from combee.errors import LLMParseError
-from combee.prompts import parse_answer
-
 __all__ = [
-    "Extracted",
     "FinerGrade",
     "clean_number_text",
-    "extract_answer",
     "formula_correct",
     "formula_exact",
     "grade_finer",
@@ -138,57 +129,3 @@ def grade_finer(prediction: str, target: str) -> FinerGrade:
     pred = [label.strip().lower() for label in prediction.split(",")]
     pred = (pred + [""] * len(truth))[: len(truth)]
     return FinerGrade(correct=sum(_same_label(p, t) for p, t in zip(pred, truth, strict=True)), total=len(truth))
-
-
-@dataclass(frozen=True)
-class Extracted:
-    """The final answer found in a generator's raw text (``None``: none found) and how it was found:
-    ``parsed`` (the project's parser), ``finish``, ``final_answer_field`` or ``final_answer_is`` (fallbacks),
-    ``none``, or ``too_long`` (the question did not fit the model's context and was not asked)."""
-
-    answer: str | None
-    how: str
-
-    @property
-    def parsed(self) -> bool:
-        return self.how == "parsed"
-
-
-_FINISH_RE = re.compile(r"Finish\[(.*?)\]", re.DOTALL)
-_FIELD_QUOTED_RE = re.compile(r'"final_answer"\s*:\s*("(?:[^"\\]|\\.)*")')
-_FIELD_OPEN_RE = re.compile(r'"final_answer"\s*:\s*"([^"\n]*)')  # truncated JSON: no closing quote
-_FIELD_BARE_RE = re.compile(r'"final_answer"\s*:\s*([^",}\]\s][^,}\]\n]*)')
-_FINAL_IS_RE = re.compile(r"the final answer is\s*:?\s*(.+)", re.IGNORECASE)
-
-
-def _field_value(text: str) -> str | None:
-    if (m := _FIELD_QUOTED_RE.search(text)) is not None:
-        try:
-            value = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            value = m.group(1)[1:-1]
-        return str(value)
-    if (m := _FIELD_OPEN_RE.search(text)) is not None:
-        return m.group(1)
-    if (m := _FIELD_BARE_RE.search(text)) is not None:
-        return m.group(1)
-    return None
-
-
-def extract_answer(text: str) -> Extracted:
-    """The final answer in a generator's raw answer ``text`` (see the module docstring). Never raises."""
-    try:
-        return Extracted(parse_answer(text), "parsed")
-    except LLMParseError:
-        pass
-    finishes = _FINISH_RE.findall(text)
-    if finishes:
-        return Extracted(finishes[-1].strip(), "finish")
-    value = _field_value(text)
-    if value is not None:
-        return Extracted(value.strip(), "final_answer_field")
-    said = _FINAL_IS_RE.findall(text)
-    if said:
-        line = said[-1].strip().splitlines()[0] if said[-1].strip() else ""
-        return Extracted(line.strip().strip("*`'\"").rstrip(".").strip(), "final_answer_is")
-    return Extracted(None, "none")

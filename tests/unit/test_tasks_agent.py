@@ -107,9 +107,9 @@ def test_long_contexts_are_clipped_to_the_trace_limit_keeping_head_and_tail() ->
 
 
 def test_a_finer_sized_question_still_makes_a_valid_trace() -> None:
+    from combee.answers import extract_answer
     from combee.llm import ChatResponse
     from combee.tasks.agent import Attempt, grade
-    from combee.tasks.grading import extract_answer
 
     q = Question("finer_x:1", "options: " + ",".join(["Tag"] * 3000) + " 1. What is the tag?", "a,b,c,d")
     raw = reply("a,b,x,d")

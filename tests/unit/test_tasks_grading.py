@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import pytest
 
+from combee.answers import extract_answer
 from combee.tasks.agent import grade
 from combee.tasks.grading import (
-    extract_answer,
     formula_correct,
     formula_exact,
     grade_finer,
