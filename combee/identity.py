@@ -84,14 +84,21 @@ _SIGNATURE_RE = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class ProducerKey:
-    """One producer's key and the namespaces it may sign traces for (``*``: every namespace)."""
+    """One producer's key, the namespaces it may sign traces for and those it may send trusted feedback for
+    (:mod:`combee.feedback`; ``*``: every namespace). The two are granted apart: a grader that only sends
+    feedback need not be able to sign traces, and an agent that signs traces cannot vouch for its own outcome
+    unless it is given ``feedback`` too."""
 
     producer: str
     key: SecretStr
     namespaces: frozenset[str]
+    feedback: frozenset[str] = frozenset()
 
     def allows(self, namespace: str) -> bool:
         return ANY_NAMESPACE in self.namespaces or namespace in self.namespaces
+
+    def allows_feedback(self, namespace: str) -> bool:
+        return ANY_NAMESPACE in self.feedback or namespace in self.feedback
 
 
 @dataclass(frozen=True)
@@ -217,8 +224,10 @@ def parse_required(text: str) -> frozenset[str]:
 
 
 def parse_producer_keys(text: str, source: str = "the producer keys file") -> dict[str, ProducerKey]:
-    """The keys of a JSON object ``{producer_id: {"key": "...", "namespaces": ["ns", ...]}}`` (``"*"``: every
-    namespace). Raises ConfigError naming ``source`` and the producer at fault; a key never appears in it."""
+    """The keys of a JSON object ``{producer_id: {"key": "...", "namespaces": ["ns", ...], "feedback": [...]}}``
+    (``"*"``: every namespace). ``namespaces``: where the producer may sign traces; ``feedback`` (optional):
+    where it may send trusted feedback (:mod:`combee.feedback`). At least one of them must name a namespace.
+    Raises ConfigError naming ``source`` and the producer at fault; a key never appears in it."""
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -231,11 +240,20 @@ def parse_producer_keys(text: str, source: str = "the producer keys file") -> di
 def _producer_key(producer: str, entry: object, source: str) -> ProducerKey:
     if not _PRODUCER_ID_RE.fullmatch(producer):
         raise ConfigError(f"{source}: invalid producer id {producer[:80]!r}: use 1-64 letters, digits, '.', '_', '-'")
-    if not isinstance(entry, dict) or set(entry) - {"key", "namespaces"}:
-        raise ConfigError(f'{source}: producer {producer!r} must map to {{"key": ..., "namespaces": [...]}}')
-    key, namespaces = entry.get("key"), entry.get("namespaces")
+    if not isinstance(entry, dict) or set(entry) - {"key", "namespaces", "feedback"}:
+        raise ConfigError(
+            f'{source}: producer {producer!r} must map to {{"key": ..., "namespaces": [...], "feedback": [...]}}'
+        )
+    key = entry.get("key")
     if not isinstance(key, str) or len(key) < MIN_KEY_CHARS:
         raise ConfigError(f"{source}: producer {producer!r} needs a key of at least {MIN_KEY_CHARS} characters")
-    if not isinstance(namespaces, list) or not namespaces or not all(isinstance(n, str) and n for n in namespaces):
-        raise ConfigError(f'{source}: producer {producer!r} needs "namespaces": a non-empty list of names or "*"')
-    return ProducerKey(producer, SecretStr(key), frozenset(namespaces))
+    namespaces, feedback = entry.get("namespaces", []), entry.get("feedback", [])
+    for name, value in (("namespaces", namespaces), ("feedback", feedback)):
+        if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+            raise ConfigError(f'{source}: producer {producer!r}: "{name}" must be a list of names or "*"')
+    if not namespaces and not feedback:
+        raise ConfigError(
+            f'{source}: producer {producer!r} needs "namespaces" (traces it may sign) or "feedback" (namespaces '
+            'it may send trusted feedback for): a non-empty list of names or "*"'
+        )
+    return ProducerKey(producer, SecretStr(key), frozenset(namespaces), frozenset(feedback))

@@ -100,6 +100,10 @@ class Metrics(Protocol):
         """A trace arrived while its namespace's window buffer was full: held back (offset kept, read again from
         Kafka when there is room) instead of stopping its partition."""
 
+    def feedback(self, namespace: str, outcome: str, reason: str = "") -> None:
+        """What became of a trusted feedback record or of a trace waiting for one (``outcome``: one of
+        :data:`combee.feedback.OUTCOMES`; ``reason``, for ``refused``: one of :data:`combee.feedback.REFUSALS`)."""
+
 
 class NoMetrics:
     """Metrics off: every report is dropped."""
@@ -171,6 +175,9 @@ class NoMetrics:
         pass
 
     def trace_held(self, namespace: str) -> None:
+        pass
+
+    def feedback(self, namespace: str, outcome: str, reason: str = "") -> None:
         pass
 
     def trace_forgotten(self, namespace: str) -> None:

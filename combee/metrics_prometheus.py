@@ -22,6 +22,9 @@ from prometheus_client.registry import Collector
 
 from combee.corroborate import HELD_REASONS
 from combee.errors import PARSE_FAILURE_KINDS, TRACE_ERROR_KINDS
+from combee.feedback import OUTCOMES as FEEDBACK_OUTCOMES
+from combee.feedback import REFUSALS as FEEDBACK_REFUSALS
+from combee.feedback import TIMEOUT_KIND
 from combee.guard import REASONS as GUARD_REASONS
 from combee.identity import REFUSALS as IDENTITY_REFUSALS
 from combee.labels import OTHER, BoundedLabels
@@ -140,6 +143,15 @@ class PrometheusMetrics:
             "Lessons the guard held back instead of publishing them, by reason (combee.guard.REASONS; "
             "`combee bullet list NS --quarantined`).",
             ["namespace", "reason"],
+            registry=r,
+        )
+        self._feedback = Counter(
+            "combee_feedback",
+            "Trusted feedback (combee/feedback.py), by outcome: joined to its trace, early (came first, kept), "
+            "duplicate, late, expired (its trace never came), ignored (an agent-feedback namespace), refused (reason: "
+            "unsigned, unknown_producer, bad_signature, feedback_not_allowed), timed_out (a trace whose record "
+            "did not come in COMBEE_FEEDBACK_WAIT_S).",
+            ["namespace", "outcome", "reason"],
             registry=r,
         )
         self._held = Counter(
@@ -266,7 +278,7 @@ class PrometheusMetrics:
     def namespace_seen(self, namespace: str) -> None:
         label = self._ns(namespace)
         self._series_made.add(label)
-        for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND, NAMESPACE_LIMIT_KIND, *IDENTITY_REFUSALS):
+        for reason in (*TRACE_ERROR_KINDS, QUOTA_KIND, NAMESPACE_LIMIT_KIND, *IDENTITY_REFUSALS, TIMEOUT_KIND):
             self._traces.labels(label, "dead_lettered", reason)
         if label:
             self._fenced.labels(label)
@@ -312,6 +324,11 @@ class PrometheusMetrics:
 
     def trace_held(self, namespace: str) -> None:
         self._traces_held.labels(self._ns(namespace)).inc()
+
+    def feedback(self, namespace: str, outcome: str, reason: str = "") -> None:
+        known = outcome if outcome in FEEDBACK_OUTCOMES else "other"
+        why = (reason if reason in (*FEEDBACK_REFUSALS, "invalid") else "other") if reason else ""
+        self._feedback.labels(self._ns(namespace), known, why).inc()
 
     # --- exposition ----------------------------------------------------------------------------------------
 

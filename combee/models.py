@@ -307,6 +307,9 @@ class Bullet(_Frozen):
     # The verified producers (combee.identity) whose signed traces taught or changed it, the most recent kept.
     # A producer a trace merely names in its metadata is never recorded here. Empty before identity existed.
     verified_producers: tuple[ProducerId, ...] = Field(default=(), max_length=LIMITS.producers_per_bullet)
+    # The producers whose trusted feedback (combee.feedback) graded the traces that taught or changed it, the most
+    # recent kept: a lesson learned from an outcome the agent did not report itself. Empty: agent feedback only.
+    feedback_producers: tuple[ProducerId, ...] = Field(default=(), max_length=LIMITS.producers_per_bullet)
     # Pinned by an operator (``combee bullet pin``): learning never updates, removes, folds or evicts it.
     pinned: bool = False
 
@@ -354,6 +357,8 @@ class Delta(_Frozen):
     trace_count: int = Field(default=0, ge=0)
     # trace id -> verified producer of the window's signed traces: apply records them in the bullets they teach
     verified_producers: dict[TraceId, ProducerId] = Field(default_factory=dict, max_length=LIMITS.ops_per_delta)
+    # trace id -> producer of the trace's trusted feedback (combee.feedback): recorded in the bullets they teach
+    feedback_producers: dict[TraceId, ProducerId] = Field(default_factory=dict, max_length=LIMITS.ops_per_delta)
 
 
 class Playbook(_Frozen):

@@ -16,7 +16,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from combee.guard import one_line_lesson
 from combee.models import (
@@ -91,12 +91,20 @@ def unite_ops(partials: Iterable[Sequence[DeltaOp]]) -> tuple[DeltaOp, ...]:
     return tuple(out)
 
 
-def cite(bullet: Bullet, sources: Iterable[str], verified: Mapping[str, str] | None = None) -> Bullet:
+def cite(
+    bullet: Bullet,
+    sources: Iterable[str],
+    verified: Mapping[str, str] | None = None,
+    feedback: Mapping[str, str] | None = None,
+) -> Bullet:
     """``bullet`` taught again by ``sources``: the most recent ``sources_per_bullet`` ids kept, and ``support``
     raised by each id not already kept (an id that has fallen out of the kept ones counts again). ``verified``
-    maps a trace id to its verified producer: those of ``sources`` join ``verified_producers`` (most recent kept)."""
+    maps a trace id to its verified producer: those of ``sources`` join ``verified_producers`` (most recent kept);
+    ``feedback`` maps a trace id to the producer of its trusted feedback (combee.feedback): those join
+    ``feedback_producers`` the same way."""
     sources = tuple(dict.fromkeys(sources))
     bullet = with_producers(bullet, ((verified or {}).get(s) for s in sources))
+    bullet = with_producers(bullet, ((feedback or {}).get(s) for s in sources), "feedback_producers")
     fresh = [s for s in sources if s not in bullet.sources]
     if not fresh:
         return bullet
@@ -104,15 +112,21 @@ def cite(bullet: Bullet, sources: Iterable[str], verified: Mapping[str, str] | N
     return bullet.model_copy(update={"sources": kept, "support": bullet.support + len(fresh)})
 
 
-def with_producers(bullet: Bullet, producers: Iterable[str | None]) -> Bullet:
-    """``bullet`` with ``producers`` (None skipped) among its verified producers: a producer already there moves
-    to the most recent end; the most recent ``producers_per_bullet`` are kept."""
+def with_producers(
+    bullet: Bullet,
+    producers: Iterable[str | None],
+    field: Literal["verified_producers", "feedback_producers"] = "verified_producers",
+) -> Bullet:
+    """``bullet`` with ``producers`` (None skipped) among its ``field`` (verified producers, or producers of
+    trusted feedback): a producer already there moves to the most recent end; the most recent
+    ``producers_per_bullet`` are kept."""
     named = [p for p in producers if p]
     if not named:
         return bullet
-    order = [p for p in bullet.verified_producers if p not in named] + list(dict.fromkeys(named))
+    current: tuple[str, ...] = getattr(bullet, field)
+    order = [p for p in current if p not in named] + list(dict.fromkeys(named))
     kept = tuple(order)[-LIMITS.producers_per_bullet :]
-    return bullet if kept == bullet.verified_producers else bullet.model_copy(update={"verified_producers": kept})
+    return bullet if kept == current else bullet.model_copy(update={field: kept})
 
 
 class Deduplicator(Protocol):
@@ -276,6 +290,7 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                 Bullet(id=bid, section=section, content=op.content, created=prov, updated=prov),
                 op.sources,
                 delta.verified_producers,
+                delta.feedback_producers,
             )
             fresh.add(bid)
             stats.added += 1
@@ -285,15 +300,15 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                 stats.missing_update += 1
                 continue
             if b.pinned:  # an operator fixed its wording: learning may cite it, not rewrite it
-                bullets[op.bullet_id] = cite(b, op.sources, delta.verified_producers)
+                bullets[op.bullet_id] = cite(b, op.sources, delta.verified_producers, delta.feedback_producers)
                 stats.pinned_kept += 1
                 continue
             if op.content == b.content:  # the same wording: the op's traces taught the bullet again, no change
-                bullets[op.bullet_id] = cite(b, op.sources, delta.verified_producers)
+                bullets[op.bullet_id] = cite(b, op.sources, delta.verified_producers, delta.feedback_producers)
                 stats.confirmed += 1
                 continue
             changed = b.model_copy(update={"content": op.content, "updated": prov})
-            bullets[op.bullet_id] = cite(changed, op.sources, delta.verified_producers)
+            bullets[op.bullet_id] = cite(changed, op.sources, delta.verified_producers, delta.feedback_producers)
             fresh.add(op.bullet_id)
             stats.updated += 1
         elif isinstance(op, RemoveOp):
@@ -326,7 +341,8 @@ def apply_delta(playbook: Playbook, delta: Delta, policy: ApplyPolicy | None = N
                     sources=tuple(dict.fromkeys([*keep.sources, *dup.sources]))[-LIMITS.sources_per_bullet :],
                     support=keep.support + dup.support - common,
                 )
-                merged[keep_id] = with_producers(keep.model_copy(update=update), dup.verified_producers)
+                kept_bullet = with_producers(keep.model_copy(update=update), dup.verified_producers)
+                merged[keep_id] = with_producers(kept_bullet, dup.feedback_producers, "feedback_producers")
             ordered = [merged[b.id] for b in ordered if b.id not in dropped]
             stats.deduplicated += len(dropped)
 

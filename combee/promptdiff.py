@@ -112,7 +112,8 @@ class BulletChange:
     recorded) and ``traces`` the traces that taught the change: the operations' sources, else the bullet's own
     most recent ones (``from_evidence`` False), None when neither is known. ``support`` counts every trace that
     ever taught the bullet; ``producers`` are the verified producers whose signed traces taught it
-    (``Bullet.verified_producers``, combee.identity: never a name a trace merely claims)."""
+    (``Bullet.verified_producers``, combee.identity: never a name a trace merely claims); ``feedback_by`` the
+    producers whose trusted feedback graded those traces (``Bullet.feedback_producers``, combee.feedback)."""
 
     kind: Literal["added", "changed", "removed"]
     bullet_id: str
@@ -125,6 +126,7 @@ class BulletChange:
     from_evidence: bool = False
     support: int = 0
     producers: tuple[str, ...] = ()
+    feedback_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -286,11 +288,12 @@ def _change(
     that taught it (``by``) is recorded, else the bullet's own record of its traces."""
     why = _teachings(b.id, explained, until)
     producers = b.verified_producers if kind != "removed" else ()
+    graders = b.feedback_producers if kind != "removed" else ()
     if by.version in explained:
         traces: tuple[str, ...] | None = tuple(dict.fromkeys(s for t in why for s in t.sources))
-        return BulletChange(kind, b.id, b.section, before, after, by, why, traces, True, b.support, producers)
+        return BulletChange(kind, b.id, b.section, before, after, by, why, traces, True, b.support, producers, graders)
     own = b.sources if kind != "removed" and b.sources else None  # who taught it did not remove it
-    return BulletChange(kind, b.id, b.section, before, after, by, why, own, False, b.support, producers)
+    return BulletChange(kind, b.id, b.section, before, after, by, why, own, False, b.support, producers, graders)
 
 
 SHORT_TRACES = 3
@@ -357,14 +360,18 @@ def _full_why(c: BulletChange) -> list[str]:
 
 
 def _producers(c: BulletChange, cap: int | None) -> str:
-    return f"verified producers: {_ids(c.producers, cap)}" if c.producers else ""
+    """Who vouched for the bullet: verified producers of its traces, producers of their trusted feedback."""
+    parts = [f"verified producers: {_ids(c.producers, cap)}"] if c.producers else []
+    parts += [f"trusted feedback: {_ids(c.feedback_by, cap)}"] if c.feedback_by else []
+    return " · ".join(parts)
 
 
 def render_diff(diff: PromptDiff, *, full: bool = False) -> str:
     """The diff as text: a summary line, then per bullet (``+`` added, ``~`` changed, ``-`` removed) one line of
     what it says and one of why — the curator's operations, the traces that taught it (the first
     :data:`SHORT_TRACES`, "+N more") and one lesson as the reflector stated it. ``full``: every operation, every
-    trace id, every recorded lesson and the window. A bullet taught by signed traces names its verified producers."""
+    trace id, every recorded lesson and the window. A bullet taught by signed traces names its verified producers;
+    one whose traces were graded by trusted feedback names the producers of that feedback."""
     counts = ", ".join(f"{len(diff.of_kind(k))} {k}" for k in ("added", "changed", "removed"))
     lines = [f"{diff.namespace}: v{diff.from_version} -> v{diff.to_version}: {counts}"]
     for c in diff.changes:
@@ -375,7 +382,8 @@ def render_diff(diff: PromptDiff, *, full: bool = False) -> str:
         if full:
             lines.extend([f"    now: {c.after}"] if c.kind == "changed" else [])
             lines.extend(_full_why(c))
-            lines.extend([f"    {_producers(c, None)}"] if c.producers else [])
+            lines.extend([f"    {_producers(c, None)}"] if c.producers or c.feedback_by else [])
         else:
-            lines.append(_short_why(c) + (f" · {_producers(c, SHORT_TRACES)}" if c.producers else ""))
+            vouched = c.producers or c.feedback_by
+            lines.append(_short_why(c) + (f" · {_producers(c, SHORT_TRACES)}" if vouched else ""))
     return "\n".join(lines) + "\n"

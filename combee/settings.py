@@ -125,6 +125,19 @@ class Settings(StreamSettings):
     # Namespaces that refuse unsigned traces: a comma-separated list, or * for all. Empty: none (as before).
     require_signed: str = ""
 
+    # --- trusted feedback (docs/security.md, "Trusted feedback"; combee/feedback.py) ---
+    # Where a namespace's feedback comes from: agent (the trace's own, as before), trusted (a signed record on
+    # the feedback topic from a producer whose key grants "feedback" for the namespace; the trace's own is
+    # ignored; a trace whose record does not come within feedback_wait_s is learned with no feedback), or
+    # required (as trusted, but such a trace is dead-lettered). feedback: the default for every namespace;
+    # feedback_namespaces: per-namespace overrides, "ns=mode,ns2=mode".
+    feedback: Literal["agent", "trusted", "required"] = "agent"
+    feedback_namespaces: str = ""
+    feedback_wait_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # Feedback that comes before its trace is kept this long for it, at most feedback_early_max records.
+    feedback_early_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    feedback_early_max: int = Field(default=10_000, ge=1)
+
     # --- corroboration (docs/security.md, "Corroboration and caps"; combee/corroborate.py) ---
     # A new bullet, and an UPDATE or REMOVE of an established bullet (found helpful at least
     # corroborate_established_helpful times, or pinned), goes live only when this many distinct traces taught it

@@ -17,6 +17,7 @@ from combee.corroborate import Corroboration
 from combee.embeddings import Embedder, NearDuplicates
 from combee.engine import Method, MethodConfig
 from combee.errors import ConfigError
+from combee.feedback import FeedbackPolicy, parse_modes
 from combee.graders import JUDGE, make_grader
 from combee.identity import IdentityPolicy, parse_producer_keys, parse_required
 from combee.llm import Role
@@ -38,6 +39,7 @@ __all__ = [
     "build_near_duplicates",
     "build_publisher",
     "build_quotas",
+    "feedback_policy",
     "gate_validation",
     "identity_policy",
     "llm_prices",
@@ -113,6 +115,18 @@ def identity_policy(settings: Settings) -> IdentityPolicy:
             raise ConfigError(f"COMBEE_PRODUCER_KEYS_FILE {path}: cannot read it: {exc.__class__.__name__}") from None
         keys = parse_producer_keys(text, f"COMBEE_PRODUCER_KEYS_FILE {path}")
     return IdentityPolicy(keys=keys, require_signed=parse_required(settings.require_signed))
+
+
+def feedback_policy(settings: Settings) -> FeedbackPolicy:
+    """Where each namespace's feedback comes from (``COMBEE_FEEDBACK``, ``COMBEE_FEEDBACK_NAMESPACES``) and the
+    join's bounds. Raises ConfigError for a malformed override."""
+    return FeedbackPolicy(
+        default=settings.feedback,
+        overrides=parse_modes(settings.feedback_namespaces),
+        wait_s=settings.feedback_wait_s,
+        early_s=settings.feedback_early_s,
+        early_limit=settings.feedback_early_max,
+    )
 
 
 def build_metrics(settings: Settings) -> Metrics:

@@ -21,6 +21,7 @@ __all__ = ["ROLES", "Grant", "Role", "grants", "kafka_acls_commands"]
 
 class Role(StrEnum):
     PRODUCER = "producer"  # an agent's TracePublisher, or any client publishing traces
+    FEEDBACK = "feedback"  # a trusted feedback source's FeedbackPublisher (a grader, a review tool)
     WORKER = "worker"  # combee worker, every role
     OPERATOR = "operator"  # combee prompt rollback / bullet / replay / topics / status
 
@@ -44,6 +45,9 @@ def grants(role: Role, prefix: str) -> tuple[Grant, ...]:
     internal = (f"{prefix}.", f"{prefix}-worker")
     if role is Role.PRODUCER:
         return (Grant("topic", traces, False, ("Write", "Describe")),)
+    if role is Role.FEEDBACK:
+        # apart from the producers: an agent that may write traces cannot write its own trusted feedback
+        return (Grant("topic", f"{prefix}.feedback", False, ("Write", "Describe")),)
     if role is Role.WORKER:
         # the worker creates and reads every topic (the traces topic too, when it is missing); the prefixed
         # grant on "<prefix>." therefore also covers <prefix>.traces

@@ -16,11 +16,12 @@ from datetime import UTC, datetime
 from pydantic import TypeAdapter, ValidationError
 
 from combee.errors import CombeeError, TraceError
-from combee.models import Trace
+from combee.feedback import FeedbackRecord
+from combee.models import Trace, validate_namespace
 from combee.tracefile import parse_trace
 from streams.envelopes import DeadLetter, Envelope
 
-__all__ = ["CodecError", "dead_letter", "decode", "decode_trace", "encode", "preview"]
+__all__ = ["CodecError", "dead_letter", "decode", "decode_feedback", "decode_trace", "encode", "preview"]
 
 _ADAPTER: TypeAdapter[Envelope] = TypeAdapter(Envelope)
 MAX_ENVELOPE_BYTES = 16 * 1024 * 1024
@@ -80,6 +81,24 @@ def decode_trace(raw: bytes | None, key: bytes | None = None) -> Trace:
         return parse_trace(raw, default_namespace=namespace)
     except TraceError as exc:
         raise CodecError(exc.reason, exc.kind) from None
+
+
+def decode_feedback(raw: bytes | None) -> FeedbackRecord:
+    """A record of the feedback topic (:class:`combee.feedback.FeedbackRecord`, compact JSON), or CodecError."""
+    if raw is None:
+        raise CodecError("empty record (null value)", "empty")
+    if len(raw) > MAX_ENVELOPE_BYTES:
+        raise CodecError(f"feedback record is {len(raw)} bytes, over the {MAX_ENVELOPE_BYTES}-byte limit", "oversized")
+    try:
+        record = FeedbackRecord.model_validate_json(raw)
+        validate_namespace(record.namespace)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise CodecError(f"invalid feedback record: {loc}: {err['msg']}"[:300]) from None
+    except CombeeError as exc:  # InvalidNamespace
+        raise CodecError(f"invalid feedback record: {exc}"[:300]) from None
+    return record
 
 
 def preview(raw: bytes | None) -> str:

@@ -72,6 +72,11 @@ class WindowEnvelope(_Envelope):
         description="trace id -> producer, for the traces whose signature the window stage verified "
         "(combee.identity); a producer a trace only names is not here",
     )
+    feedback_producers: dict[TraceId, ProducerId] = Field(
+        default_factory=dict,
+        description="trace id -> producer of the trusted feedback the trace was joined to (combee.feedback); "
+        "such a trace's own feedback was replaced",
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -168,6 +173,11 @@ class WindowPlan(_Envelope):
     verified_producers: dict[TraceId, ProducerId] = Field(
         default_factory=dict,
         description="trace id -> verified producer (WindowEnvelope.verified_producers): recorded in the bullets",
+    )
+    feedback_producers: dict[TraceId, ProducerId] = Field(
+        default_factory=dict,
+        description="trace id -> producer of its trusted feedback (WindowEnvelope.feedback_producers): recorded in "
+        "the bullets",
     )
     lessons: dict[str, tuple[LessonLine, ...]] = Field(
         default_factory=dict,

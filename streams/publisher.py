@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import SecretStr, ValidationError
 
 from combee.errors import ConfigError, InvalidNamespace, TopicMissing, TraceError
+from combee.feedback import FeedbackRecord, sign_feedback
 from combee.identity import TraceSigner
-from combee.models import Trace, validate_namespace
+from combee.models import Feedback, Trace, validate_namespace
 from combee.tracefile import parse_trace
 from streams.kafka_config import (
     bootstrap_servers,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
     from streams.settings import StreamSettings
 
-__all__ = ["Compression", "ProducerLike", "TracePublisher", "encode_trace"]
+__all__ = ["Compression", "FeedbackPublisher", "ProducerLike", "TracePublisher", "encode_trace"]
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ class TracePublisher:
             raise TopicMissing(self.topic, f"Kafka topic {self.topic} does not exist; create it with: {command}")
         self._topic_seen = True
 
-    def _send(self, trace: Trace, raw: bytes) -> FutureRecordMetadata:
+    def _send(self, trace: Trace | FeedbackRecord, raw: bytes) -> FutureRecordMetadata:
         self._check_topic()
         future = self._producer.send(self.topic, value=raw, key=trace.namespace.encode("utf-8"))
         self.sent += 1
@@ -225,6 +226,13 @@ class TracePublisher:
             future.add_callback(self._on_delivered)
             future.add_errback(lambda exc: self._on_failed(trace_id, exc))
         return future
+
+    def send_record(self, record: Trace | FeedbackRecord, raw: bytes) -> FutureRecordMetadata:
+        """Send ``raw`` (already validated, keyed by ``record``'s namespace) to this publisher's topic."""
+        return self._send(record, raw)
+
+    def check_open(self) -> None:
+        self._check_open()
 
     def _on_delivered(self, _metadata: Any) -> None:
         self.delivered += 1
@@ -286,6 +294,72 @@ class TracePublisher:
         self._producer.close(timeout=timeout)
 
     def __enter__(self) -> TracePublisher:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class FeedbackPublisher:
+    """Send trusted feedback (:class:`combee.feedback.FeedbackRecord`) to the ``feedback`` topic, signed as
+    ``producer_id`` with ``producer_key`` (or, with settings, ``COMBEE_PRODUCER_ID`` / ``COMBEE_PRODUCER_KEY``).
+
+    Workers learn a record only in a namespace whose feedback is trusted (``COMBEE_FEEDBACK``), and only from a
+    producer whose key grants ``"feedback"`` for that namespace (docs/security.md, "Trusted feedback"). An
+    unsigned record is always refused, so a key is required: ConfigError without one. Connection, delivery and
+    the topic check are :class:`TracePublisher`'s (the same producer settings; keyword arguments pass through).
+    """
+
+    def __init__(
+        self,
+        kafka: StreamSettings | str,
+        topics: Topics | None = None,
+        *,
+        producer_id: str | None = None,
+        producer_key: SecretStr | str | None = None,
+        client_id: str = "combee-feedback-publisher",
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(kafka, str) and producer_id is None and producer_key is None:
+            producer_id, producer_key = kafka.producer_id, kafka.producer_key
+        signer = TraceSigner.of(producer_id, producer_key)
+        if signer is None:
+            raise ConfigError(
+                "trusted feedback must be signed: set producer_id and producer_key (COMBEE_PRODUCER_ID/_KEY)"
+            )
+        self.signer = signer
+        self._out = TracePublisher(kafka, topics, client_id=client_id, producer_id=None, producer_key=None, **kwargs)
+        self._out.topic = self._out.topics.feedback
+
+    def __repr__(self) -> str:
+        return f"FeedbackPublisher(producer={self.signer.producer!r}, topic={self._out.topic!r})"
+
+    def publish(self, namespace: str, trace_id: str, feedback: Feedback | Mapping[str, Any]) -> FutureRecordMetadata:
+        """Sign and send the feedback of trace ``trace_id`` of ``namespace``; returns kafka-python's future.
+
+        Raises InvalidNamespace, TraceError for feedback the workers would refuse (nothing sent), TopicMissing
+        when the feedback topic does not exist (``combee topics create``)."""
+        validate_namespace(namespace)
+        try:
+            body = feedback if isinstance(feedback, Feedback) else Feedback.model_validate(dict(feedback))
+            record = FeedbackRecord(trace_id=trace_id, namespace=namespace, feedback=body)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"])
+            raise TraceError(f"invalid feedback: {loc}: {err['msg']}"[:300]) from None
+        signed = sign_feedback(record, self.signer.producer, self.signer.key.get_secret_value().encode())
+        self._out.check_open()
+        return self._out.send_record(signed, signed.model_dump_json(by_alias=True).encode("utf-8"))
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._out.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        self._out.close(timeout)
+
+    def __enter__(self) -> FeedbackPublisher:
         return self
 
     def __exit__(

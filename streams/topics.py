@@ -3,10 +3,11 @@
 All learner topics are keyed by namespace (so one namespace's records share a partition and stay in order)
 except the pool's task topics: ``groups``, keyed by ``window_id/group`` so curate work spreads over every
 partition, and ``reflect``, keyed by ``window_id/task`` and placed by :func:`task_partition` so one window's
-reflection tasks go round the partitions (and so round the workers) evenly. ``traces``, ``windows``,
-``reflections``, ``partials``, ``deltas`` and ``playbooks`` must have the same partition count: the window
-stage, the map stage, the combiner and their tables are co-partitioned by namespace (one owner per
-namespace). A key's partition is :func:`partition_for`, the one rule every client here uses.
+reflection tasks go round the partitions (and so round the workers) evenly. ``traces``, ``feedback``,
+``windows``, ``reflections``, ``partials``, ``deltas`` and ``playbooks`` must have the same partition count: the
+window stage, the map stage, the combiner and their tables are co-partitioned by namespace (one owner per
+namespace; the window stage joins a trace to its trusted feedback there, combee/feedback.py). A key's partition
+is :func:`partition_for`, the one rule every client here uses.
 """
 
 from __future__ import annotations
@@ -105,13 +106,19 @@ class Topics:
         return f"{self.prefix}.mapstate"
 
     @property
+    def feedback(self) -> str:
+        return f"{self.prefix}.feedback"
+
+    @property
     def deadletter(self) -> str:
         return f"{self.prefix}.deadletter"
 
     @property
     def stage_inputs(self) -> frozenset[str]:
         """The topics the workers' stages consume (one agent each)."""
-        return frozenset({self.traces, self.windows, self.reflect, self.reflections, self.groups, self.partials})
+        return frozenset(
+            {self.traces, self.feedback, self.windows, self.reflect, self.reflections, self.groups, self.partials}
+        )
 
     def specs(self) -> list[TopicSpec]:
         big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
@@ -144,6 +151,13 @@ class Topics:
                 {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "3600000", **big},
                 "namespace",
                 "map-stage acceptance state per namespace (changelog of a table, compacted)",
+            ),
+            TopicSpec(
+                self.feedback,
+                p,
+                {**traces, "retention.ms": str(7 * 24 * 3600 * 1000)},
+                "namespace",
+                "trusted feedback records, joined to traces by trace id (signed, combee/feedback.py)",
             ),
             TopicSpec(self.deadletter, 1, week, "namespace or none", "rejected records with the reason"),
         ]

@@ -23,7 +23,7 @@ from combee.llm import LLM
 from combee.metrics import Metrics, NoMetrics
 from combee.settings import Settings
 from combee.windowing import MapState, WindowPolicy
-from combee.wiring import build_quotas, identity_policy, promotion_config
+from combee.wiring import build_quotas, feedback_policy, identity_policy, promotion_config
 from streams.codec import decode
 from streams.control_auth import control_key
 from streams.envelopes import Snapshot
@@ -37,6 +37,7 @@ from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
 from workers.fanout import handle_reflected
+from workers.feedback import forget_feedback, handle_feedback
 from workers.health import HealthWatch, health_loop, llm_dependency_names
 from workers.kafka_driver import App
 from workers.mapper import handle_window
@@ -178,6 +179,7 @@ def create_app(
         namespace_idle_s=settings.namespace_idle_s,
         control_key=control_key(settings),
         identity=identity,
+        feedback=feedback_policy(settings),
         promotion=promotion_config(settings),
     )
     ctx = StageContext(
@@ -223,6 +225,7 @@ def create_app(
 
     if "learner" in roles:
         stage_agent(topics.traces, "combee-window", handle_trace)
+        stage_agent(topics.feedback, "combee-feedback", handle_feedback)
         stage_agent(topics.windows, "combee-map", handle_window)
         stage_agent(topics.reflections, "combee-gather", handle_reflected)
         stage_agent(topics.partials, "combee-combine", handle_partial)
@@ -304,6 +307,7 @@ def _forget(ctx: StageContext, revoked: Iterable[Any]) -> None:
     topics = ctx.topics
     for tp in revoked:
         ctx.acks.forget(tp.topic, tp.partition)
+        forget_feedback(ctx, tp.topic, tp.partition)
         if tp.topic == topics.traces:
             for rt in ctx.runtimes.values():
                 rt.buffers.pop(tp.partition, None)

@@ -230,6 +230,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         tag_counts=tags,
         trace_count=plan.trace_count,
         verified_producers=_verified(plan, finished),
+        feedback_producers=plan.feedback_producers,
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
     held = quarantined(rt.namespace, w.window_id, current.version, finished.quarantined, at=time.time())

@@ -17,6 +17,7 @@ from combee.controller import DEFAULT_BS, DEFAULT_TRIAL_SIZES, BatchSizeControll
 from combee.embeddings import NearDuplicates
 from combee.engine import MethodConfig
 from combee.errors import LLMRateLimited, LLMUnavailable
+from combee.feedback import FeedbackJoin, FeedbackPolicy
 from combee.gate import BaselineGrades
 from combee.identity import IdentityPolicy
 from combee.llm import LLM, Role
@@ -28,7 +29,7 @@ from streams.codec import CodecError, dead_letter, decode, encode
 from streams.envelopes import Envelope, Snapshot
 from streams.topics import Topics, partition_for
 from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
-from workers.runtime import Gathers, NamespaceRuntime
+from workers.runtime import Buffered, Gathers, NamespaceRuntime
 from workers.state import ChangelogTable, KafkaIO
 from workers.tenure import Tenure
 
@@ -65,6 +66,7 @@ class StageConfig:
     retry_max_s: float = 30.0
     control_key: bytes | None = None  # COMBEE_CONTROL_KEY: control records must be signed with it (None: not checked)
     identity: IdentityPolicy = field(default_factory=IdentityPolicy)  # producers' keys, namespaces requiring them
+    feedback: FeedbackPolicy = field(default_factory=FeedbackPolicy)  # where each namespace's feedback comes from
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
 
 
@@ -123,6 +125,13 @@ class StageContext:
     gate_baselines: dict[str, BaselineGrades] = field(default_factory=dict)
     # rejections whose new head this process asked the combiner for again (workers/promotion.py), by window id
     restores_asked: set[str] = field(default_factory=set)
+    # traces of trusted-feedback namespaces waiting for their feedback, and feedback come first (workers/feedback.py);
+    # bounded as config.feedback says
+    feedback_join: FeedbackJoin[Buffered, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        f = self.config.feedback
+        self.feedback_join = FeedbackJoin(f.wait_s, f.early_s, f.early_limit)
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""

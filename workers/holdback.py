@@ -22,10 +22,10 @@ from collections import deque
 from typing import Any
 
 from combee.identity import verify_trace
-from combee.outcomes import observe
 from streams.codec import CodecError, decode_trace
 from workers.acks import SyntheticEvent, SyntheticMessage
 from workers.context import StageContext
+from workers.feedback import buffer_trace
 from workers.runtime import Buffered, NamespaceRuntime
 
 __all__ = ["held_on", "hold", "must_hold", "refill", "wait_for_room"]
@@ -99,9 +99,7 @@ async def _buffer(ctx: StageContext, rt: NamespaceRuntime, msg: SyntheticMessage
         await ctx.dead_letter("window", exc.reason, msg)
         await ctx.acks.done(event)
         return 0
-    if ctx.outcomes is not None:
-        ctx.outcomes.note(rt.namespace, msg.partition, observe(msg.offset, trace))
-    buf = rt.buffers.setdefault(msg.partition, [])
     producer = verify_trace(trace, ctx.config.identity).producer  # accepted when it came: only who signed it
-    buf.append(Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic(), producer))
+    item = Buffered(msg.offset, trace, event, len(msg.value or b""), time.monotonic(), producer)
+    await buffer_trace(ctx, rt, item, msg.partition)
     return 1

@@ -209,6 +209,7 @@ async def _map_one(
         trace_ids=tuple(t.trace_id for t in acc.traces),
         producers=_counted_producers(ctx, env, acc),
         verified_producers={t.trace_id: p for t in acc.traces if (p := env.verified_producers.get(t.trace_id))},
+        feedback_producers={t.trace_id: p for t in acc.traces if (p := env.feedback_producers.get(t.trace_id))},
         lessons=window_lessons(reflections),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)

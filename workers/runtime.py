@@ -32,6 +32,10 @@ class Buffered:
     size: int
     received_at: float
     producer: str | None = None  # verified producer (combee.identity), None when the trace is not signed
+    # trusted feedback (combee.feedback): the producer whose record the trace was joined to, and that record's
+    # event, acknowledged with the trace's once its window is written
+    feedback_by: str | None = None
+    feedback_events: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -102,6 +106,7 @@ class NamespaceRuntime:
     controller: BatchSizeController
     # window stage (per source partition buffers: traces may arrive on any partition)
     buffers: dict[int, list[Buffered]] = field(default_factory=dict)
+    awaiting_feedback: int = 0  # traces in the feedback join (workers/feedback.py), not yet buffered
     # offsets held back per source partition while the buffer was full, oldest first (workers/holdback.py)
     held: dict[int, deque[int]] = field(default_factory=dict)
     last_active: float = field(default_factory=time.monotonic)  # last trace taken or window applied
@@ -167,7 +172,8 @@ class NamespaceRuntime:
         return closed
 
     def buffered(self) -> int:
-        return sum(len(b) for b in self.buffers.values())
+        """Traces taken and not yet in a window: buffered, or waiting for their trusted feedback."""
+        return sum(len(b) for b in self.buffers.values()) + self.awaiting_feedback
 
     def held_back(self) -> int:
         return sum(len(h) for h in self.held.values())

@@ -18,13 +18,13 @@ from combee.errors import InvalidNamespace
 from combee.forget import forgotten
 from combee.identity import Verification, counted_producer, verify_trace
 from combee.models import Trace, validate_namespace
-from combee.outcomes import observe
 from combee.plan import window_id
 from combee.quotas import QUOTA_KIND
 from combee.windowing import close_size
 from streams.codec import CodecError, decode_trace
 from streams.envelopes import WindowEnvelope
 from workers.context import StageContext
+from workers.feedback import buffer_trace, release_joined
 from workers.holdback import hold, must_hold, refill, wait_for_room
 from workers.runtime import Buffered, NamespaceRuntime
 from workers.tenancy import admit, evict_idle, in_flight
@@ -74,12 +74,8 @@ async def handle_trace(ctx: StageContext, stream: Any, event: Any) -> None:
         hold(ctx, rt, event)
         await wait_for_room(ctx, msg.partition)
         return
-    if ctx.outcomes is not None:
-        ctx.outcomes.note(trace.namespace, msg.partition, observe(msg.offset, trace))
-    rt.buffers.setdefault(msg.partition, []).append(
-        Buffered(msg.offset, trace, event, len(msg.value or b""), rt.last_active, verdict.producer)
-    )
-    ctx.wake.set()
+    item = Buffered(msg.offset, trace, event, len(msg.value or b""), rt.last_active, verdict.producer)
+    await buffer_trace(ctx, rt, item, msg.partition)  # or, trusted feedback, wait for it (workers/feedback.py)
 
 
 async def _identify(ctx: StageContext, trace: Trace, msg: Any) -> Verification | None:
@@ -174,6 +170,7 @@ async def _close(
         traces=tuple(b.trace for b in items),
         closed_at=closed_at,
         verified_producers={b.trace.trace_id: b.producer for b in items if b.producer is not None},
+        feedback_producers={b.trace.trace_id: b.feedback_by for b in items if b.feedback_by is not None},
     )
     # The slot is taken before the send: the map stage (another task of this process) can receive the window
     # and release its slot before `send` returns here. Taken after, that release would come first and the slot
@@ -187,11 +184,13 @@ async def _close(
         raise
     rt.windows_closed += 1
     ctx.metrics.window_closed(rt.namespace)
+    # the feedback records joined to these traces are done with them (workers/feedback.py)
+    events = [b.event for b in items] + [e for b in items for e in b.feedback_events]
     if ctx.outcomes is not None:  # acked once the traces' outcomes are counted too (workers/outcomes.py)
-        ctx.outcomes.release(rt.namespace, source_partition, [b.event for b in items])
+        ctx.outcomes.release(rt.namespace, source_partition, events)
     else:
-        for b in items:
-            await ctx.acks.done(b.event)
+        for e in events:
+            await ctx.acks.done(e)
     log.info("closed window %s: %d traces (%s)", wid, len(items), why)
 
 
@@ -204,6 +203,7 @@ async def closer_loop(ctx: StageContext, tick_s: float = 0.1) -> None:
             await asyncio.wait_for(ctx.wake.wait(), timeout=tick_s)
         ctx.wake.clear()
         try:
+            await release_joined(ctx)
             await close_due_windows(ctx)
             if await refill(ctx):
                 await close_due_windows(ctx)
