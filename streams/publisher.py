@@ -333,6 +333,11 @@ class FeedbackPublisher:
         self._out = TracePublisher(kafka, topics, client_id=client_id, producer_id=None, producer_key=None, **kwargs)
         self._out.topic = self._out.topics.feedback
 
+    @property
+    def failed(self) -> int:
+        """Records whose delivery failed so far (logged too)."""
+        return self._out.failed
+
     def __repr__(self) -> str:
         return f"FeedbackPublisher(producer={self.signer.producer!r}, topic={self._out.topic!r})"
 

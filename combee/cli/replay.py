@@ -34,11 +34,20 @@ def add_replay_command(sub: Any) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from combee.wiring import identity_policy
+    from combee.errors import ConfigError
+    from combee.wiring import feedback_policy, identity_policy
     from streams.forget import read_rules
     from streams.replay import replay
 
     settings = stream_settings(args)
+    feedback = feedback_policy(settings)
+    trusted = [ns for ns in (args.namespace, args.into) if feedback.trusted(ns)]
+    if trusted:
+        # a replay reads the traces topic, not the feedback topic: it would learn the agents' own feedback
+        raise ConfigError(
+            f"{', '.join(trusted)} takes its feedback from trusted records (COMBEE_FEEDBACK, _NAMESPACES), which "
+            "replay does not join yet: it would learn the traces' own feedback (docs/security.md, 'Trusted feedback')"
+        )
     report = replay(
         settings,
         namespace=args.namespace,

@@ -64,3 +64,15 @@ def test_combee_topics_acls_prints_them(capsys: pytest.CaptureFixture[str], monk
     monkeypatch.setenv("COMBEE_TOPIC_PREFIX", "acme")
     assert main(["topics", "acls", "producer", "--principal", "User:agent"]) == 0
     assert capsys.readouterr().out.splitlines() == kafka_acls_commands(Role.PRODUCER, "acme", "User:agent")
+
+
+def test_a_feedback_source_may_write_the_feedback_topic_and_nothing_else() -> None:
+    topics = Topics(prefix="acme", partitions=4)
+    table = grants(Role.FEEDBACK, "acme")
+    assert _allows(table, "topic", topics.feedback, "Write")
+    for spec in topics.specs():
+        if spec.name != topics.feedback:
+            assert not _allows(table, "topic", spec.name, "Write"), spec.name
+            assert not _allows(table, "topic", spec.name, "Read"), spec.name
+    # and an agent's producer principal cannot write feedback (the loop above for producers covers every topic)
+    assert not _allows(grants(Role.PRODUCER, "acme"), "topic", topics.feedback, "Write")
