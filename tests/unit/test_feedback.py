@@ -286,3 +286,34 @@ def test_the_next_deadline_is_the_soonest_head() -> None:
     j.add_trace("support", 0, "t1", "a", now=3.0)
     j.add_trace("other", 1, "t2", "b", now=1.0)
     assert j.next_deadline() == 11.0
+
+
+# --- the publisher --------------------------------------------------------------------------------------------
+
+
+def test_the_feedback_publisher_signs_records_the_workers_verify_on_the_feedback_topic() -> None:
+    from streams.publisher import FeedbackPublisher
+    from streams.topics import Topics
+    from tests.unit.test_streams_publisher import FakeProducer
+
+    made: list[FakeProducer] = []
+
+    def factory(**config: object) -> FakeProducer:
+        made.append(FakeProducer(dict(config)))
+        return made[-1]
+
+    topics = Topics(prefix="t")
+    with FeedbackPublisher("k:9092", topics, producer_id="grader", producer_key=KEY, producer_factory=factory) as fb:
+        fb.publish("support", "t1", {"success": False, "ground_truth": "refund 5"})
+    [(topic, key, value)] = made[0].sent
+    assert (topic, key) == (topics.feedback, b"support")
+    sent = decode_feedback(value)
+    assert sent.feedback == Feedback(success=False, ground_truth="refund 5") and sent.producer == "grader"
+    assert verify_feedback(sent, policy()).outcome == VERIFIED
+
+
+def test_the_feedback_publisher_needs_a_key() -> None:
+    from streams.publisher import FeedbackPublisher
+
+    with pytest.raises(ConfigError, match="must be signed"):
+        FeedbackPublisher("k:9092", producer_factory=lambda **c: None)

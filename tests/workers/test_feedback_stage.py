@@ -209,3 +209,15 @@ async def test_by_default_the_agents_own_feedback_is_learned_and_feedback_record
     await run_until_quiet(ctx, kafka, stream, set())
     assert windowed(kafka, ctx)["support-1"].feedback == FORGED
     assert counted(ctx, outcome="ignored") == 1 and ctx.acks.pending() == 0
+
+
+async def test_a_record_on_another_partition_is_moved_to_its_namespaces_partition() -> None:
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = feedback_learner(kafka)
+    home = ctx.home_partition("support")
+    other = 1 - home  # the learner has two partitions
+    raw = verdict(1, success=True)
+    offset = await kafka.send(ctx.topics.feedback, b"whatever", raw, other)
+    await handle_feedback(ctx, stream, Event(Msg(ctx.topics.feedback, other, offset, b"whatever", raw)))
+    assert [(m.partition, m.value) for m in kafka.records(ctx.topics.feedback) if m.partition == home] == [(home, raw)]
+    assert (ctx.topics.feedback, other, offset) in stream.acked and ctx.feedback_join.early() == 0
