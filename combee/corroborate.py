@@ -98,6 +98,9 @@ class PendingLesson(BaseModel):
     # trace id -> verified producer (combee.identity) of the traces above that were signed: recorded in the bullet
     # when the lesson goes live, however many windows later
     verified: dict[str, str] = Field(default_factory=dict, max_length=_MAX_TRACES)
+    # trace id -> producer of the trusted feedback (combee.feedback) the traces above were joined to: recorded in
+    # the bullet's feedback_producers when the lesson goes live
+    graded: dict[str, str] = Field(default_factory=dict, max_length=_MAX_TRACES)
     first_window: Annotated[str, StringConstraints(max_length=256)]
     last_window: Annotated[str, StringConstraints(max_length=256)]
     windows: int = Field(default=1, ge=1)
@@ -123,6 +126,7 @@ class Corroborated:
     held: Mapping[str, int] = field(default_factory=dict)
     changed: tuple[str, ...] = ()  # the pool ids whose entry this window wrote
     verified: Mapping[str, str] = field(default_factory=dict)  # trace -> verified producer of the lessons gone live
+    graded: Mapping[str, str] = field(default_factory=dict)  # trace -> trusted feedback's producer, the same
 
 
 def established(playbook: Playbook, bullet_id: str, policy: Corroboration) -> bool:
@@ -198,6 +202,7 @@ def _support(
     producers: Mapping[str, str],
     verified: Mapping[str, str],
     where: tuple[str, float, str],
+    graded: Mapping[str, str],
 ) -> PendingLesson:
     """``entry`` (or a new entry for ``op``) with ``op``'s teachers added; ``where`` is (window id, time,
     namespace)."""
@@ -217,6 +222,7 @@ def _support(
             producers=tuple(dict.fromkeys(new_producers))[-_MAX_TRACES:],
             teachers=tuple(new_teachers)[-_MAX_TRACES:],
             verified=_verified_of(srcs, {}, verified),
+            graded=_verified_of(srcs, {}, graded),
             first_window=window_id,
             last_window=window_id,
             held_at=at,
@@ -227,6 +233,7 @@ def _support(
         "producers": tuple(dict.fromkeys((*entry.producers, *new_producers)))[-_MAX_TRACES:],
         "teachers": tuple(dict.fromkeys((*entry.teachers, *new_teachers)))[-_MAX_TRACES:],
         "verified": _verified_of((*entry.traces, *srcs), entry.verified, verified),
+        "graded": _verified_of((*entry.traces, *srcs), entry.graded, graded),
         "supported_at": at,
     }
     if window_id != entry.last_window:
@@ -237,7 +244,8 @@ def _support(
 
 
 def _verified_of(traces: Sequence[str], known: Mapping[str, str], verified: Mapping[str, str]) -> dict[str, str]:
-    """Trace -> verified producer of the most recent ``_MAX_TRACES`` of ``traces`` (the ones a lesson keeps)."""
+    """Trace -> verified producer (or trusted feedback's producer) of the most recent ``_MAX_TRACES`` of
+    ``traces`` (the ones a lesson keeps)."""
     kept = tuple(dict.fromkeys(traces))[-_MAX_TRACES:]
     both = {**known, **verified}
     return {t: both[t] for t in kept if t in both}
@@ -273,18 +281,21 @@ def corroborate(
     producers: Mapping[str, str] | None = None,
     verified: Mapping[str, str] | None = None,
     similarity: Similarity | None = None,
+    graded: Mapping[str, str] | None = None,
 ) -> Corroborated:
     """``ops`` (a window's finished operations against ``playbook``) judged by ``policy`` against the pool
     ``pending`` (module docstring). ``producers`` maps a trace id to its producer (traces not in it are their
     own teacher), ``verified`` to its verified producer (kept with a pending lesson, returned in
-    ``Corroborated.verified`` when it goes live); ``similarity`` is the near-duplicate rule over the texts of
+    ``Corroborated.verified`` when it goes live), ``graded`` to the producer of its trusted feedback (the same,
+    in ``Corroborated.graded``); ``similarity`` is the near-duplicate rule over the texts of
     ``ops`` and ``pending`` (None: equal texts only). Deterministic; the order of ``ops`` is kept for the ones
     that go live, and a pending lesson that goes live takes the place of the operation that corroborated it."""
     if not policy.active and not pending:
         return Corroborated(tuple(ops))
-    producers, verified = producers or {}, verified or {}
+    producers, verified, graded = producers or {}, verified or {}, graded or {}
     similarity = similarity or Similarity()
     went_live: dict[str, str] = {}
+    graded_live: dict[str, str] = {}
     held: Counter[str] = Counter()
     pool = {e.id: e for e in pending if not _stale(e, playbook)}
     resolved = [e.id for e in pending if e.id not in pool]
@@ -295,10 +306,12 @@ def corroborate(
             live.append(op)
             continue
         key = _match(op, pool, similarity)
-        entry = _support(pool.get(key) if key else None, op, producers, verified, (window_id, at, playbook.namespace))
+        where = (window_id, at, playbook.namespace)
+        entry = _support(pool.get(key) if key else None, op, producers, verified, where, graded)
         if len(entry.teachers) >= policy.min_traces:
             live.append(_live(entry, op))
             went_live.update(entry.verified)
+            graded_live.update(entry.graded)
             if key is not None:
                 del pool[key]
                 resolved.append(key)
@@ -315,7 +328,7 @@ def corroborate(
             held["expired"] += 1
     kept = tuple(pool.values())
     changed_kept = tuple(c for c in changed if c in pool)
-    return Corroborated(tuple(live), kept, tuple(resolved), dict(held), changed_kept, went_live)
+    return Corroborated(tuple(live), kept, tuple(resolved), dict(held), changed_kept, went_live, graded_live)
 
 
 def corroborate_tags(
@@ -347,6 +360,7 @@ async def corroborate_with(
     verified: Mapping[str, str] | None = None,
     window_id: str,
     at: float,
+    graded: Mapping[str, str] | None = None,
 ) -> Corroborated:
     """:func:`combee.corroborate.corroborate` with the near-duplicate rule's vectors for the texts it compares
     (none needed, and none asked for, while the pool is empty)."""
@@ -357,5 +371,5 @@ async def corroborate_with(
         similarity = await dedup.similarity(texts)
     return corroborate(
         ops, pending, playbook, policy, window_id=window_id, at=at, producers=producers, verified=verified,
-        similarity=similarity,
+        similarity=similarity, graded=graded,
     )  # fmt: skip

@@ -219,6 +219,7 @@ async def finish_ops(
     verified: Mapping[str, str] | None = None,
     window_id: str = "",
     at: float = 0.0,
+    graded: Mapping[str, str] | None = None,
 ) -> Finished:
     """A window's united operations made ready to apply against ``playbook``, in this order: the augmented
     shuffle's copies of one lesson folded (:func:`combee.dedup.fold_copies`), every ADD and UPDATE text put on
@@ -227,7 +228,7 @@ async def finish_ops(
     canonical, near duplicates folded into the playbook and into one another (:func:`fold_delta_ops`), and
     last the ones not corroborated yet held in the pending pool ``pending`` (``config.corroboration``,
     :func:`combee.corroborate.corroborate_with`; ``producers``: trace id -> producer, ``verified``: trace id
-    -> verified producer; ``window_id`` and ``at``
+    -> verified producer, ``graded``: trace id -> producer of its trusted feedback; ``window_id`` and ``at``
     stamp new entries).
     Deterministic given the embedder's vectors; what it returns is what gets applied and logged, so applying it
     again (a replay) needs no vectors. Every path that adds a bullet from learning goes through here: the
@@ -265,6 +266,7 @@ async def finish_ops(
         verified=verified,
         window_id=window_id,
         at=at,
+        graded=graded,
     )
     meter.hold(corroborated.held)
     held = corroborated if corroborated.held or pending else None

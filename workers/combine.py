@@ -217,7 +217,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
     cfg = ctx.config.method
     finished = await finish_ops(
         ops, current, cfg, ctx.dedup, meter, pending=await pending_pool(ctx, rt), producers=plan.producers,
-        verified=plan.verified_producers, window_id=w.window_id, at=time.time(),
+        verified=plan.verified_producers, window_id=w.window_id, at=time.time(), graded=plan.feedback_producers,
     )  # fmt: skip
     proposed, ops = ops, finished.ops
     tags, held_tags = corroborate_tags(plan.tag_counts, current, cfg.corroboration_for(rt.namespace))
@@ -230,7 +230,7 @@ async def _apply(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tu
         tag_counts=tags,
         trace_count=plan.trace_count,
         verified_producers=_verified(plan, finished),
-        feedback_producers=plan.feedback_producers,
+        feedback_producers=_graded(plan, finished),
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
     held = quarantined(rt.namespace, w.window_id, current.version, finished.quarantined, at=time.time())
@@ -289,6 +289,12 @@ def _verified(plan: WindowPlan, finished: Finished) -> dict[str, str]:
     came in earlier windows)."""
     went_live = finished.corroborated.verified if finished.corroborated is not None else {}
     return {**went_live, **plan.verified_producers}
+
+
+def _graded(plan: WindowPlan, finished: Finished) -> dict[str, str]:
+    """The producers of the window's trusted feedback, and of the pending lessons' that went live in it."""
+    went_live = finished.corroborated.graded if finished.corroborated is not None else {}
+    return {**went_live, **plan.feedback_producers}
 
 
 async def _rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:

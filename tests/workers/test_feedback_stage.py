@@ -10,6 +10,7 @@ import dataclasses
 
 from pydantic import SecretStr
 
+from combee.corroborate import Corroboration
 from combee.feedback import (
     REQUIRED,
     TIMEOUT_KIND,
@@ -221,3 +222,23 @@ async def test_a_record_on_another_partition_is_moved_to_its_namespaces_partitio
     await handle_feedback(ctx, stream, Event(Msg(ctx.topics.feedback, other, offset, b"whatever", raw)))
     assert [(m.partition, m.value) for m in kafka.records(ctx.topics.feedback) if m.partition == home] == [(home, raw)]
     assert (ctx.topics.feedback, other, offset) in stream.acked and ctx.feedback_join.early() == 0
+
+
+async def test_a_lesson_held_for_corroboration_records_the_trusted_feedback_of_an_earlier_window() -> None:
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = feedback_learner(kafka, TRUSTED, wait_s=0.1)
+    keys = dict(ctx.config.identity.keys)
+    keys["grader-2"] = ProducerKey("grader-2", SecretStr(AGENT_KEY + "-2"), frozenset(), frozenset({"support"}))
+    method = dataclasses.replace(ctx.config.method, corroboration=Corroboration(min_traces=2))
+    ctx.config = dataclasses.replace(ctx.config, method=method, identity=IdentityPolicy(keys))
+    same_lesson = {"task": "refund only the damaged item"}
+    await send_traces(ctx, kafka, stream, [make(1).model_copy(update=same_lesson)])
+    await send_feedback(ctx, kafka, stream, verdict(1, success=False))
+    await settle_join(ctx, kafka, stream)
+    assert ctx.snapshots.get("support").playbook.bullets == ()  # type: ignore[union-attr]  # pending: one teacher
+    await send_traces(ctx, kafka, stream, [make(2).model_copy(update=same_lesson)])
+    await send_feedback(ctx, kafka, stream, verdict(2, success=False, producer="grader-2", key=AGENT_KEY + "-2"))
+    await settle_join(ctx, kafka, stream)
+    (bullet,) = ctx.snapshots.get("support").playbook.bullets  # type: ignore[union-attr]
+    assert set(bullet.sources) == {"support-1", "support-2"}
+    assert set(bullet.feedback_producers) == {"grader", "grader-2"}  # grader's verdict came a window earlier
