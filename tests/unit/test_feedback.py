@@ -317,3 +317,37 @@ def test_the_feedback_publisher_needs_a_key() -> None:
 
     with pytest.raises(ConfigError, match="must be signed"):
         FeedbackPublisher("k:9092", producer_factory=lambda **c: None)
+
+
+# --- provenance -------------------------------------------------------------------------------------------------
+
+
+def test_apply_records_who_graded_the_traces_an_operation_cites_and_prompt_diff_names_them() -> None:
+    from combee.models import AddOp, Delta, Playbook
+    from combee.playbook import apply_delta
+    from combee.promptdiff import VersionRecord, diff_versions, render_diff
+
+    ops = (
+        AddOp(section="refunds", content="check the order total first", sources=("t1", "t2")),
+        AddOp(section="refunds", content="quote the refund policy", sources=("t3",)),
+    )
+    d = Delta(namespace="support", window_id="w0", base_version=0, ops=ops, feedback_producers={"t1": "grader"})
+    v1, _ = apply_delta(Playbook(namespace="support"), d)
+    assert [b.feedback_producers for b in v1.bullets] == [("grader",), ()]
+    assert [b.verified_producers for b in v1.bullets] == [(), ()]  # a grader vouches for the outcome, not the trace
+    diff = diff_versions([VersionRecord(0, Playbook(namespace="support")), VersionRecord(1, v1, "w0")], 0, 1)
+    assert [c.feedback_by for c in diff.changes] == [("grader",), ()]
+    assert render_diff(diff).count("trusted feedback: grader") == 1
+    assert "    trusted feedback: grader\n" in render_diff(diff, full=True)
+
+
+def test_records_written_before_trusted_feedback_existed_still_load() -> None:
+    from combee.corroborate import PendingLesson
+    from combee.models import Bullet, Delta
+
+    prov = {"window_id": "w", "version": 1}
+    assert Bullet.model_validate({"id": "b00001", "section": "s", "content": "c", "created": prov, "updated": prov})
+    assert Delta.model_validate({"namespace": "n", "window_id": "w", "base_version": 0}).feedback_producers == {}
+    old = {"id": "p0123456789ab", "namespace": "n", "op": "ADD", "first_window": "w", "last_window": "w",
+           "held_at": 1.0, "supported_at": 1.0}  # fmt: skip
+    assert PendingLesson.model_validate(old).graded == {}
