@@ -36,16 +36,18 @@ from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
+from workers.delivery.backfill import with_backfill
+from workers.delivery.driver import App
+from workers.delivery.kafka_io import KafkaIO
+from workers.delivery.resume import stall_guard
+from workers.delivery.tables import ChangelogTable
 from workers.fanout import handle_reflected
 from workers.health import HealthWatch, health_loop, llm_dependency_names
-from workers.kafka_driver import App
 from workers.mapper import handle_window
 from workers.observe import export_outcomes, lag_reporter, publish_listener
 from workers.outcomes import OutcomeRecorder, flush_loop
 from workers.promotion import promotion_loop
 from workers.reflect import handle_reflect_task
-from workers.resume import stall_guard
-from workers.state import ChangelogTable, KafkaIO
 from workers.status import idle, republish_if_lost, status_of
 from workers.window import closer_loop, handle_trace
 
@@ -214,7 +216,7 @@ def create_app(
         async def run(stream: Any) -> None:
             s = stream.noack()
             async for event in s.events():
-                for e in await ctx.with_backfill(event):
+                for e in await with_backfill(ctx.acks, ctx.io, event):
                     await handle(ctx, s, e)
 
         run.__name__ = run.__qualname__ = name.replace("-", "_")
@@ -278,7 +280,7 @@ def create_app(
 
     @app.task
     async def resume_stalled() -> None:
-        await stall_guard(ctx, lambda: app.consumer)
+        await stall_guard(lambda: app.consumer, topics=topics.stage_inputs, acks=ctx.acks, io=ctx.io)
 
     if until_idle_s is not None:
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from streams.deltalog import ClaimTracker, Position, decode_log_record
 from streams.envelopes import Claim, DeltaRecord, Snapshot
-from workers.state import KafkaIO
+from workers.delivery.kafka_io import KafkaIO
 
 __all__ = ["Tenure"]
 
