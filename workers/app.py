@@ -315,9 +315,7 @@ def _forget(ctx: StageContext, revoked: Iterable[Any]) -> None:
         if tp.topic == topics.partials:
             ctx.snapshots.forget(tp.partition)
             ctx.map_table.forget(tp.partition)
-            ctx.ready_partitions.discard(tp.partition)
-            ctx.revocations[tp.partition] = ctx.revocations.get(tp.partition, 0) + 1
-            ctx.tenures.pop(tp.partition, None)  # work still in flight finishes under its own tenure, or is fenced
+            ctx.tenures.revoke(tp.partition)  # work still in flight finishes under its own tenure, or is fenced
             for ns, rt in list(ctx.runtimes.items()):
                 if rt.partition == tp.partition:
                     if rt.mapper is not None:

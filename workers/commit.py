@@ -9,7 +9,6 @@ the claim (docs/reliability.md, "Fencing zombie combiners").
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from contextlib import aclosing
@@ -74,13 +73,13 @@ async def commit(
     offset = await ctx.send(ctx.topics.deltas, rt.namespace, record, tenure.partition)
     tenure.logged(offset, rt.namespace)
     if not await tenure.check(ctx.io, ctx.topics.deltas, offset):
-        ctx.fenced_writes += 1
+        ctx.tenures.fenced_writes += 1
         ctx.metrics.fenced_write(rt.namespace)
         log.warning(
             "fenced: %s v%d logged at %s[%d]@%d under epoch %d, after the claim at %d by %s; not snapshotted, "
             "not published, not acked (fenced writes: %d)",
             record.window_id, record.version, ctx.topics.deltas, tenure.partition, offset, tenure.epoch,
-            tenure.fenced_at, tenure.fenced_by, ctx.fenced_writes,
+            tenure.fenced_at, tenure.fenced_by, ctx.tenures.fenced_writes,
         )  # fmt: skip
         _stand_down(ctx, tenure)
         return False
@@ -122,12 +121,12 @@ def _stand_down(ctx: StageContext, tenure: Tenure) -> None:
             rt.windows.clear()
             rt.by_seq.clear()
     tenure.snapshots.clear()
-    if ctx.tenures.get(tenure.partition) is tenure:
+    if ctx.tenures.holds(tenure):
         ctx.snapshots.forget(tenure.partition)  # the map stage re-reads it; the partition stays "ready" (fenced)
 
 
 def is_current(ctx: StageContext, tenure: Tenure) -> bool:
-    return ctx.tenures.get(tenure.partition) is tenure and not tenure.fenced
+    return ctx.tenures.is_current(tenure)
 
 
 async def _remember(
@@ -201,19 +200,18 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
     with the log's rule — sees every record that will ever count before the claim. Records after the claim are
     not this tenure's to replay: only its own (checked one by one) or fenced ones can lie there.
     """
-    tenure = ctx.tenures.get(partition)
-    if partition in ctx.ready_partitions and tenure is not None:
+    tenure = ctx.tenures.ready(partition)
+    if tenure is not None:
         return tenure
-    lock = ctx.partition_locks.setdefault(partition, asyncio.Lock())
-    async with lock:
-        tenure = ctx.tenures.get(partition)
-        if partition in ctx.ready_partitions and tenure is not None:
+    async with ctx.tenures.lock(partition):
+        tenure = ctx.tenures.ready(partition)
+        if tenure is not None:
             return tenure
-        revocations = ctx.revocations.get(partition, 0)
+        revocations = ctx.tenures.revocations(partition)
         claim = Claim(partition=partition, owner=ctx.owner, claimed_at=time.time())
         epoch = await ctx.send(ctx.topics.deltas, CLAIM_KEY, claim, partition)
         tenure = Tenure(partition=partition, epoch=epoch, owner=ctx.owner)
-        ctx.tenures[partition] = tenure
+        ctx.tenures.claimed(tenure)
         await ctx.snapshots.recover(partition)
         for ns in ctx.snapshots.keys(partition):
             snap = ctx.snapshots.get(ns)
@@ -222,7 +220,7 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
         raw = ctx.snapshots.raw.get((partition, CHECKPOINT))
         start = replay_start(decode_checkpoint(raw) if raw else None, tenure.snapshots.values())
         replayed, fenced = await _replay(ctx, tenure, start)
-        if ctx.revocations.get(partition, 0) != revocations:
+        if ctx.tenures.revocations(partition) != revocations:
             return _void(ctx, tenure)
         await ctx.snapshots.put_raw(partition, CHECKPOINT, encode_checkpoint(Position(epoch, epoch)))
         for snap in tenure.snapshots.values():  # make sure Redis has the newest version (CAS: no-op if so)
@@ -232,9 +230,9 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
                 ctx.publisher.offer(
                     pb.namespace, pb.version, render_prompt(pb), pb.model_dump_json(), window_id=None, meta={}
                 )
-        if ctx.revocations.get(partition, 0) != revocations:
+        if ctx.tenures.revocations(partition) != revocations:
             return _void(ctx, tenure)
-        ctx.ready_partitions.add(partition)
+        ctx.tenures.made_ready(tenure)
         log.info(
             "partition %d: claimed at %s[%d]@%d as %s; replayed %d logged deltas from offset %d onto the recovered "
             "snapshots (%d fenced records skipped)",
@@ -247,8 +245,7 @@ def _void(ctx: StageContext, tenure: Tenure) -> Tenure:
     """A claim revoked while it was being readied (a rebalance got in at one of the awaits): never made ready
     nor left bound, so the caller sees it is not current and leaves its record to the partition's owner."""
     log.info("partition %d: revoked while its claim at %d was being readied", tenure.partition, tenure.epoch)
-    if ctx.tenures.get(tenure.partition) is tenure:
-        del ctx.tenures[tenure.partition]
+    ctx.tenures.void(tenure)
     for rt in ctx.runtimes.values():
         if rt.tenure is tenure:
             rt.tenure = None

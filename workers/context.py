@@ -30,7 +30,7 @@ from workers.delivery.acks import OrderedAcks
 from workers.delivery.kafka_io import KafkaIO
 from workers.delivery.tables import ChangelogTable
 from workers.runtime import Gathers, NamespaceRuntime
-from workers.tenure import Tenure
+from workers.tenure import Tenures
 
 if TYPE_CHECKING:
     from streams.forget import CachedRules
@@ -93,13 +93,8 @@ class StageContext:
     in_flight_tasks: int = 0
     rng: random.Random = field(default_factory=random.Random)
     tasks: set[asyncio.Future[Any]] = field(default_factory=set)
-    ready_partitions: set[int] = field(default_factory=set)
-    # partials partitions revoked so far (partition -> count): a claim readied across a revocation is void
-    revocations: dict[int, int] = field(default_factory=dict)
-    partition_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
     owner: str = field(default_factory=process_id)
-    tenures: dict[int, Tenure] = field(default_factory=dict)  # the combiner's current claim per partition
-    fenced_writes: int = 0  # delta records this process logged after another owner's claim (refused)
+    tenures: Tenures = field(default_factory=Tenures)  # the combiner's claims of the deltas log's partitions
     metrics: Metrics = field(default_factory=NoMetrics)
     gathers: Gathers = field(default_factory=Gathers)  # reflection answers awaited by the map stage
     # told of every LLM step's outcome (the dependency named for the role, and the outage or None): the health
