@@ -4,11 +4,11 @@ Window plans and partial deltas arrive on the partials topic (keyed by namespace
 soon as a node's own children are present (:class:`combee.scan.ReduceTracker`); windows are applied strictly
 in sequence order. Applying a window is: append the delta record to the deltas log (the commit point), write
 the snapshot table, checkpoint, offer the version to Redis (compare-and-set, retried in the background), and
-only then ack the window's records (:mod:`workers.commit`). After a crash, :func:`ensure_ready` replays the
+only then ack the window's records (:mod:`workers.combiner.commit`). After a crash, :func:`ensure_ready` replays the
 log's tail onto the recovered snapshots, so no window is applied twice and none is lost.
 
 Ownership of a partition is decided by the deltas log itself: :func:`ensure_ready` first appends a claim
-(:class:`~workers.tenure.Tenure`), every record carries the claim's offset as its epoch, and a record that
+(:class:`~workers.combiner.tenure.Tenure`), every record carries the claim's offset as its epoch, and a record that
 lands after someone else's claim is fenced — not snapshotted, not published, not acked (docs/reliability.md,
 "Fencing zombie combiners").
 """
@@ -32,10 +32,10 @@ from combee.roles import merge
 from combee.scan import ReadyNode, ReduceTracker
 from streams.control_auth import refusal
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
-from workers.bullets import operate
-from workers.commit import bind, commit, commit_control, ensure_ready, is_current, snapshot_of
+from workers.combiner.bullets import operate
+from workers.combiner.commit import bind, commit, commit_control, ensure_ready, is_current, snapshot_of
+from workers.combiner.pending import keep_pending, pending_pool
 from workers.context import StageContext
-from workers.pending import keep_pending, pending_pool
 from workers.promotion import handle_promotion, serve_rollback
 from workers.runtime import NamespaceRuntime, OpenWindow
 

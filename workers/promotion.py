@@ -24,7 +24,7 @@ from combee.promotion import Action, Decision, decide_canary, decide_rollback, p
 from combee.serving import Serving
 from streams.control_auth import sign
 from streams.envelopes import Control
-from workers.commit import commit_control, is_current, snapshot_of
+from workers.combiner.commit import commit_control, is_current, snapshot_of
 from workers.context import StageContext
 from workers.gate import gate_decision
 from workers.runtime import NamespaceRuntime

@@ -1,7 +1,7 @@
 """The combiner's commit point and recovery: the deltas log, the snapshot table, checkpoints, the claim.
 
 A window is committed by appending its delta record to the partition's deltas log; only if no other claim
-lies before it there (:meth:`workers.tenure.Tenure.check`) does the combiner write the snapshot, a checkpoint,
+lies before it there (:meth:`workers.combiner.tenure.Tenure.check`) does the combiner write the snapshot, a checkpoint,
 offer the version to Redis — and the caller ack the window's records. Otherwise the record is fenced and the
 tenure stands down. :func:`ensure_ready` starts a tenure: claim, recover the snapshots, replay the log up to
 the claim (docs/reliability.md, "Fencing zombie combiners").
@@ -26,10 +26,10 @@ from streams.deltalog import (
     replay_start,
 )
 from streams.envelopes import Claim, DeltaRecord, Snapshot
+from workers.combiner.quarantine import remember_quarantine
+from workers.combiner.tenure import Tenure
 from workers.context import StageContext
-from workers.quarantine import remember_quarantine
 from workers.runtime import NamespaceRuntime
-from workers.tenure import Tenure
 
 __all__ = ["bind", "commit", "commit_control", "ensure_ready", "is_current", "snapshot_of"]
 
