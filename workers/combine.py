@@ -33,7 +33,8 @@ from combee.scan import ReadyNode, ReduceTracker
 from streams.control_auth import refusal
 from streams.envelopes import Control, DeltaRecord, Partial, WindowPlan
 from workers.combiner.bullets import operate
-from workers.combiner.commit import bind, commit, commit_control, ensure_ready, is_current, snapshot_of
+from workers.combiner.claim import bind, ensure_ready
+from workers.combiner.commit import commit, commit_control, is_current, snapshot_of
 from workers.combiner.pending import keep_pending, pending_pool
 from workers.context import StageContext
 from workers.promotion import handle_promotion, serve_rollback

@@ -22,7 +22,7 @@ from tests.workers.test_stages import Event, MemoryKafka, Stream, feed_traces, l
 from tests.workers.test_stages import deliver as deliver_one
 from workers.app import _forget
 from workers.combine import ensure_ready
-from workers.combiner.commit import bind
+from workers.combiner.claim import bind
 from workers.context import StageContext
 from workers.window import close_due_windows
 
