@@ -1,7 +1,10 @@
-"""The combiner: the one writer of each namespace's playbook, below its stage (:mod:`workers.combine`).
+"""The combiner: the incremental scan merge and the one writer of each namespace's playbook.
 
-From the top down: :mod:`~workers.combiner.bullets` (operators' actions on bullets), :mod:`~workers.combiner.commit`
-(the commit point, claims and recovery), :mod:`~workers.combiner.pending` and :mod:`~workers.combiner.quarantine`
-(the lessons held back, in Redis), :mod:`~workers.combiner.tenure` (a claim of a partition, and the registry of
-them).
+Below its stage (:mod:`workers.combine`), from the top down: :mod:`~workers.combiner.scan` (open windows, merge
+calls as soon as their inputs are present), :mod:`~workers.combiner.apply` (a finished window, next in
+sequence), :mod:`~workers.combiner.rollback` and :mod:`~workers.combiner.bullets` (operators' actions),
+:mod:`~workers.combiner.claim` (the start of a tenure: claim, recover, replay), :mod:`~workers.combiner.commit`
+(the commit point: the deltas log, the snapshot table, the checkpoint, the offer to Redis),
+:mod:`~workers.combiner.pending` and :mod:`~workers.combiner.quarantine` (the lessons held back, in Redis) and
+:mod:`~workers.combiner.tenure` (a claim of a partition, its fence, and the registry of this process's claims).
 """
