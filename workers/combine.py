@@ -16,10 +16,10 @@ from streams.envelopes import Control, Partial, WindowPlan
 from workers.combiner.bullets import operate
 from workers.combiner.claim import bind, ensure_ready
 from workers.combiner.commit import is_current
+from workers.combiner.promotion import handle_promotion
 from workers.combiner.rollback import rollback
 from workers.combiner.scan import take
 from workers.context import StageContext
-from workers.promotion import handle_promotion
 
 __all__ = ["ensure_ready", "handle_partial"]
 

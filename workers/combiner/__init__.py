@@ -2,7 +2,8 @@
 
 Below its stage (:mod:`workers.combine`), from the top down: :mod:`~workers.combiner.scan` (open windows, merge
 calls as soon as their inputs are present), :mod:`~workers.combiner.apply` (a finished window, next in
-sequence), :mod:`~workers.combiner.rollback` and :mod:`~workers.combiner.bullets` (operators' actions),
+sequence), :mod:`~workers.combiner.rollback`, :mod:`~workers.combiner.promotion` and :mod:`~workers.combiner.bullets`
+(operators' actions),
 :mod:`~workers.combiner.claim` (the start of a tenure: claim, recover, replay), :mod:`~workers.combiner.commit`
 (the commit point: the deltas log, the snapshot table, the checkpoint, the offer to Redis),
 :mod:`~workers.combiner.pending` and :mod:`~workers.combiner.quarantine` (the lessons held back, in Redis) and

@@ -7,8 +7,8 @@ import logging
 from combee.models import Playbook
 from streams.envelopes import Control
 from workers.combiner.commit import commit_control, snapshot_of
+from workers.combiner.promotion import serve_rollback
 from workers.context import StageContext
-from workers.promotion import serve_rollback
 from workers.runtime import NamespaceRuntime
 
 __all__ = ["rollback"]
