@@ -26,11 +26,11 @@ from combee.windowing import MapState, WindowPolicy
 from streams.codec import CodecError, dead_letter, decode, encode
 from streams.envelopes import Envelope, Snapshot
 from streams.topics import Topics, partition_for
-from workers.combiner.tenure import Tenures
 from workers.delivery.acks import OrderedAcks
 from workers.delivery.kafka_io import KafkaIO
 from workers.delivery.tables import ChangelogTable
 from workers.runtime import Gathers, NamespaceRuntime
+from workers.tenure import Tenures
 
 if TYPE_CHECKING:
     from streams.forget import CachedRules

@@ -19,7 +19,7 @@ from combee.fanout import ReflectionGather
 from combee.models import Playbook, Trace
 from combee.scan import ReduceTracker
 from streams.envelopes import Reflected, WindowPlan
-from workers.combiner.tenure import Tenure
+from workers.tenure import Tenure
 
 __all__ = ["Awaited", "Buffered", "Gathers", "NamespaceRuntime", "OpenWindow"]
 

@@ -21,8 +21,8 @@ from streams.redis_outcomes import RedisOutcomes
 from streams.redis_promotion import RedisPromotion
 from streams.redis_store import RedisPromptStore
 from tests.integration.streams_support import redis_url_or_skip, unique
-from workers.combiner.tenure import Tenure, Tenures
 from workers.promotion import check_namespace
+from workers.tenure import Tenure, Tenures
 
 pytestmark = [pytest.mark.integration]
 NS = "ns-check"

@@ -30,10 +30,10 @@ from tests.fakes import ScriptedLLM, block_lines, echo_script
 from tests.unit.test_dedup import bullet
 from tests.unit.test_gate import BAD_LESSON, numbered, per_playbook
 from tests.workers.test_stages import Event, MemoryKafka, Msg, Stream, learner, run_until_quiet
-from workers.combiner.tenure import Tenure
 from workers.context import StageContext
 from workers.gate import validation_set
 from workers.promotion import check_namespace
+from workers.tenure import Tenure
 from workers.window import handle_trace
 
 NS = "gated"

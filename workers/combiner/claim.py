@@ -22,9 +22,9 @@ from streams.deltalog import (
 )
 from streams.envelopes import Claim, DeltaRecord
 from workers.combiner.commit import CHECKPOINT, remember
-from workers.combiner.tenure import Tenure
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
+from workers.tenure import Tenure
 
 __all__ = ["bind", "ensure_ready"]
 

@@ -1,7 +1,7 @@
 """The combiner's commit point: the deltas log, the snapshot table, checkpoints.
 
 A window is committed by appending its delta record to the partition's deltas log; only if no other claim
-lies before it there (:meth:`workers.combiner.tenure.Tenure.check`) does the combiner write the snapshot, a
+lies before it there (:meth:`workers.tenure.Tenure.check`) does the combiner write the snapshot, a
 checkpoint, offer the version to Redis — and the caller ack the window's records. Otherwise the record is
 fenced and the tenure stands down (docs/reliability.md, "Fencing zombie combiners"). A tenure starts in
 :mod:`workers.combiner.claim`, which replays the log through :func:`remember` as a commit would.
@@ -19,9 +19,9 @@ from combee.promptdiff import PROVENANCE_KEY, provenance_entry
 from streams.deltalog import encode_checkpoint
 from streams.envelopes import DeltaRecord, Snapshot
 from workers.combiner.quarantine import remember_quarantine
-from workers.combiner.tenure import Tenure
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
+from workers.tenure import Tenure
 
 __all__ = ["CHECKPOINT", "commit", "commit_control", "is_current", "remember", "snapshot_of"]
 

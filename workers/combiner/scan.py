@@ -17,9 +17,9 @@ from combee.scan import ReadyNode, ReduceTracker
 from streams.envelopes import Partial, WindowPlan
 from workers.combiner.apply import apply_window
 from workers.combiner.commit import snapshot_of
-from workers.combiner.tenure import Tenure
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime, OpenWindow
+from workers.tenure import Tenure
 
 __all__ = ["progress", "take"]
 
