@@ -256,3 +256,36 @@ def test_the_delivery_rule_finds_offenders() -> None:
         "workers.delivery.acks imports workers.context",
         "workers.combine imports aiokafka.structs",
     ]
+
+
+# The combiner (workers/combiner/) sits under its stage (workers/combine.py): from the rest of workers/ it uses only
+# what lies below every stage, so a partial's way through it goes down and never back up into a stage (issue 27).
+COMBINER = "workers.combiner"
+BELOW_THE_STAGES = ("workers.context", "workers.runtime", "workers.tenure", DELIVERY)
+
+
+def _combiner_offenders(graph: dict[str, set[str]]) -> list[str]:
+    def within(name: str, package: str) -> bool:
+        return name == package or name.startswith(package + ".")
+
+    return [
+        f"{name} imports {target}"
+        for name, targets in sorted(graph.items())
+        if within(name, COMBINER)
+        for target in sorted(targets)
+        if target.startswith("workers.")
+        and not within(target, COMBINER)
+        and not any(within(target, low) for low in BELOW_THE_STAGES)
+    ]
+
+
+def test_the_combiner_uses_nothing_of_workers_above_the_stages_context() -> None:
+    assert _combiner_offenders(_edges()) == []
+
+
+def test_the_combiner_rule_finds_an_offender() -> None:
+    graph = {
+        "workers.combiner.scan": {"workers.context", "workers.combiner.apply", "workers.delivery.acks"},
+        "workers.combiner.rollback": {"workers.promotion", "workers.tenure"},
+    }
+    assert _combiner_offenders(graph) == ["workers.combiner.rollback imports workers.promotion"]
