@@ -289,3 +289,13 @@ def test_the_combiner_rule_finds_an_offender() -> None:
         "workers.combiner.rollback": {"workers.promotion", "workers.tenure"},
     }
     assert _combiner_offenders(graph) == ["workers.combiner.rollback imports workers.promotion"]
+
+
+def test_every_delivery_module_names_the_library_behaviour_it_answers() -> None:
+    silent = [
+        name
+        for name, path in MODULES.items()
+        if name.startswith(DELIVERY + ".")
+        and "Library behaviour answered" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert silent == []
