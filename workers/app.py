@@ -36,17 +36,19 @@ from streams.topics import MAX_MESSAGE_BYTES, Topics
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
+from workers.delivery.backfill import with_backfill
+from workers.delivery.driver import App
+from workers.delivery.kafka_io import KafkaIO
+from workers.delivery.resume import stall_guard
+from workers.delivery.tables import ChangelogTable
 from workers.fanout import handle_reflected
 from workers.feedback import forget_feedback, handle_feedback
 from workers.health import HealthWatch, health_loop, llm_dependency_names
-from workers.kafka_driver import App
 from workers.mapper import handle_window
 from workers.observe import export_outcomes, lag_reporter, publish_listener
 from workers.outcomes import OutcomeRecorder, flush_loop
 from workers.promotion import promotion_loop
 from workers.reflect import handle_reflect_task
-from workers.resume import stall_guard
-from workers.state import ChangelogTable, KafkaIO
 from workers.status import idle, republish_if_lost, status_of
 from workers.window import closer_loop, handle_trace
 
@@ -216,7 +218,7 @@ def create_app(
         async def run(stream: Any) -> None:
             s = stream.noack()
             async for event in s.events():
-                for e in await ctx.with_backfill(event):
+                for e in await with_backfill(ctx.acks, ctx.io, event):
                     await handle(ctx, s, e)
 
         run.__name__ = run.__qualname__ = name.replace("-", "_")
@@ -281,7 +283,7 @@ def create_app(
 
     @app.task
     async def resume_stalled() -> None:
-        await stall_guard(ctx, lambda: app.consumer)
+        await stall_guard(lambda: app.consumer, topics=topics.stage_inputs, acks=ctx.acks, io=ctx.io)
 
     if until_idle_s is not None:
 
@@ -317,9 +319,7 @@ def _forget(ctx: StageContext, revoked: Iterable[Any]) -> None:
         if tp.topic == topics.partials:
             ctx.snapshots.forget(tp.partition)
             ctx.map_table.forget(tp.partition)
-            ctx.ready_partitions.discard(tp.partition)
-            ctx.revocations[tp.partition] = ctx.revocations.get(tp.partition, 0) + 1
-            ctx.tenures.pop(tp.partition, None)  # work still in flight finishes under its own tenure, or is fenced
+            ctx.tenures.revoke(tp.partition)  # work still in flight finishes under its own tenure, or is fenced
             for ns, rt in list(ctx.runtimes.items()):
                 if rt.partition == tp.partition:
                     if rt.mapper is not None:

@@ -28,10 +28,11 @@ from combee.windowing import MapState, WindowPolicy
 from streams.codec import CodecError, dead_letter, decode, encode
 from streams.envelopes import Envelope, Snapshot
 from streams.topics import Topics, partition_for
-from workers.acks import OrderedAcks, SyntheticEvent, SyntheticMessage
+from workers.delivery.acks import OrderedAcks
+from workers.delivery.kafka_io import KafkaIO
+from workers.delivery.tables import ChangelogTable
 from workers.runtime import Buffered, Gathers, NamespaceRuntime
-from workers.state import ChangelogTable, KafkaIO
-from workers.tenure import Tenure
+from workers.tenure import Tenures
 
 if TYPE_CHECKING:
     from streams.forget import CachedRules
@@ -95,13 +96,8 @@ class StageContext:
     in_flight_tasks: int = 0
     rng: random.Random = field(default_factory=random.Random)
     tasks: set[asyncio.Future[Any]] = field(default_factory=set)
-    ready_partitions: set[int] = field(default_factory=set)
-    # partials partitions revoked so far (partition -> count): a claim readied across a revocation is void
-    revocations: dict[int, int] = field(default_factory=dict)
-    partition_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
     owner: str = field(default_factory=process_id)
-    tenures: dict[int, Tenure] = field(default_factory=dict)  # the combiner's current claim per partition
-    fenced_writes: int = 0  # delta records this process logged after another owner's claim (refused)
+    tenures: Tenures = field(default_factory=Tenures)  # the combiner's claims of the deltas log's partitions
     metrics: Metrics = field(default_factory=NoMetrics)
     gathers: Gathers = field(default_factory=Gathers)  # reflection answers awaited by the map stage
     # told of every LLM step's outcome (the dependency named for the role, and the outage or None): the health
@@ -174,43 +170,6 @@ class StageContext:
         kb = key.encode("utf-8")
         part = partition if partition is not None else partition_for(kb, self.topics.partitions)
         return await self.io.send(topic, kb, encode(envelope), part)
-
-    async def with_backfill(self, event: Any) -> list[Any]:
-        """``event`` preceded by any records of its partition the stream skipped, read directly from Kafka."""
-        msg = event.message
-        if self.acks.seen(event):
-            # Handed over again (the stall guard sought the partition back, or Faust re-read it): the stage has
-            # it already, and doing it twice would learn a trace twice.
-            self.acks.redelivered += 1
-            log.info("%s[%d]@%d came again since the assignment; dropped", msg.topic, msg.partition, msg.offset)
-            return []
-        if msg.offset > 0 and self.acks.first_since_assignment(event):
-            # After a rebalance, faust-streaming can resume a partition with no committed offset past records it
-            # handed over in the previous generation (and that this worker dropped unfinished on revocation):
-            # the first event must follow the group's committed offset (the log's start when there is none).
-            for attempt in range(3):
-                try:
-                    committed = await self.io.committed(msg.topic, msg.partition)
-                except Exception as exc:  # the broker may be restarting: try again, then go on without
-                    log.warning("committed offset of %s[%d] unknown (%s)", msg.topic, msg.partition, exc)
-                    await asyncio.sleep(1.0 + attempt)
-                    continue
-                self.acks.expect(msg.topic, msg.partition, committed if committed is not None else 0)
-                break
-        gap = self.acks.gap(event)
-        if gap is None:
-            return [event]
-        first, last = gap
-        log.warning(
-            "stream skipped %s[%d] offsets %d..%d; reading them directly", msg.topic, msg.partition, first, last
-        )
-        events: list[Any] = []
-        async for rec in self.io.read(msg.topic, msg.partition, first):
-            if rec.offset > last:
-                break
-            events.append(SyntheticEvent(SyntheticMessage(msg.topic, msg.partition, rec.offset, rec.key, rec.value)))
-        self.acks.backfilled += len(events)
-        return [*events, event]
 
     async def receive(
         self, stream: Any, event: Any, kinds: type[E] | tuple[type[E], ...], stage: str, expected: str

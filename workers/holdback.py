@@ -2,7 +2,7 @@
 
 A namespace's window buffer takes at most ``buffer_limit`` traces. Past it, each later trace of that namespace on
 that partition is *held back*: its offset is kept (oldest first) and its payload let go, the record stays
-unfinished in :class:`workers.acks.OrderedAcks` (so no commit passes it), and the stage goes on with the next
+unfinished in :class:`workers.delivery.acks.OrderedAcks` (so no commit passes it), and the stage goes on with the next
 record: the other namespaces of the partition are not stopped. When windows have made room, :func:`refill` reads
 the held records again from Kafka, in offset order, into the buffer. While a namespace has records held back on
 a partition, its new records there are held back too, so its windows keep their offsets in order (the map stage
@@ -23,8 +23,8 @@ from typing import Any
 
 from combee.identity import verify_trace
 from streams.codec import CodecError, decode_trace
-from workers.acks import SyntheticEvent, SyntheticMessage
 from workers.context import StageContext
+from workers.delivery.acks import SyntheticEvent, SyntheticMessage
 from workers.feedback import buffer_trace
 from workers.runtime import Buffered, NamespaceRuntime
 

@@ -9,6 +9,9 @@ the record is fenced — invalid for every reader (:mod:`streams.deltalog`). The
 The tenure keeps its own view of the partition's snapshots, so that work still in flight when the partition
 is revoked (the revocation wipes the shared snapshot table) is judged and finished against the state it
 started from: the log, not the local view of the assignment, decides whether it counts.
+
+:class:`Tenures` is the one registry of this process's tenures: which one is current for each partition,
+which are ready, how often each partition was revoked, and the writes that were fenced.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from dataclasses import dataclass, field
 
 from streams.deltalog import ClaimTracker, Position, decode_log_record
 from streams.envelopes import Claim, DeltaRecord, Snapshot
-from workers.state import KafkaIO
+from workers.delivery.kafka_io import KafkaIO
 
-__all__ = ["Tenure"]
+__all__ = ["Tenure", "Tenures"]
 
 log = logging.getLogger("combee.worker.combine")
 
@@ -104,3 +107,63 @@ class Tenure:
         if verdict == "valid" and isinstance(record, DeltaRecord):
             self.logged(offset, record.namespace)  # ours, maybe not yet registered by its writer
         return False
+
+
+@dataclass
+class Tenures:
+    """This process's tenures of the deltas log's partitions, one per partition at most (the combiner's state).
+
+    A tenure is *held* from its claim until its partition is revoked (or its readying is voided), *current*
+    while held and not fenced, and *ready* once the snapshots are recovered and the log replayed up to its
+    claim. Revocations are counted per partition: a claim readied across one is void.
+    """
+
+    fenced_writes: int = 0  # delta records this process logged after another owner's claim (refused)
+    _held: dict[int, Tenure] = field(default_factory=dict)
+    _ready: set[int] = field(default_factory=set)
+    _revocations: dict[int, int] = field(default_factory=dict)
+    _locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+
+    def get(self, partition: int) -> Tenure | None:
+        """The tenure held for ``partition`` (ready or not, fenced or not), if any."""
+        return self._held.get(partition)
+
+    def ready(self, partition: int) -> Tenure | None:
+        """The tenure held for ``partition`` once it is ready; None while there is none, or it is being readied."""
+        tenure = self._held.get(partition)
+        return tenure if partition in self._ready else None
+
+    def held(self) -> list[Tenure]:
+        return list(self._held.values())
+
+    def holds(self, tenure: Tenure) -> bool:
+        return self._held.get(tenure.partition) is tenure
+
+    def is_current(self, tenure: Tenure) -> bool:
+        return self.holds(tenure) and not tenure.fenced
+
+    def lock(self, partition: int) -> asyncio.Lock:
+        """Held while a tenure of ``partition`` is being readied (one claim at a time)."""
+        return self._locks.setdefault(partition, asyncio.Lock())
+
+    def revocations(self, partition: int) -> int:
+        return self._revocations.get(partition, 0)
+
+    def claimed(self, tenure: Tenure) -> None:
+        """``tenure`` claimed its partition: it is held (not yet ready)."""
+        self._held[tenure.partition] = tenure
+
+    def made_ready(self, tenure: Tenure) -> None:
+        self._ready.add(tenure.partition)
+
+    def void(self, tenure: Tenure) -> None:
+        """A claim revoked while it was being readied: no longer held (if it still was)."""
+        if self.holds(tenure):
+            del self._held[tenure.partition]
+
+    def revoke(self, partition: int) -> None:
+        """``partition`` was revoked: its tenure is no longer held (work still in flight finishes under it, or is
+        fenced) and a claim being readied is void; the next record claims it anew."""
+        self._ready.discard(partition)
+        self._revocations[partition] = self._revocations.get(partition, 0) + 1
+        self._held.pop(partition, None)

@@ -22,7 +22,7 @@ from streams.redis_promotion import RedisPromotion
 from streams.redis_store import RedisPromptStore
 from tests.integration.streams_support import redis_url_or_skip, unique
 from workers.promotion import check_namespace
-from workers.tenure import Tenure
+from workers.tenure import Tenure, Tenures
 
 pytestmark = [pytest.mark.integration]
 NS = "ns-check"
@@ -37,6 +37,8 @@ async def setup() -> AsyncIterator[tuple[Any, Any, RedisPromptStore, RedisPromot
         pb = Playbook(namespace=NS, version=v)
         await store.publish(NS, v, f"prompt {v}", pb.model_dump_json(), window_id=f"w{v}")
     tenure = Tenure(partition=0, epoch=0, owner="test")
+    tenures = Tenures()
+    tenures.claimed(tenure)
     sent: list[Any] = []
 
     async def send(topic: str, key: str, envelope: Any, partition: int | None = None) -> int:
@@ -48,7 +50,7 @@ async def setup() -> AsyncIterator[tuple[Any, Any, RedisPromptStore, RedisPromot
         outcomes=SimpleNamespace(store=RedisOutcomes(client, keys)),
         store=store,
         config=SimpleNamespace(promotion=PromotionConfig(rule=Rule(min_decided=50)), control_key=None),
-        tenures={0: tenure},
+        tenures=tenures,
         metrics=NoMetrics(),
         topics=SimpleNamespace(partials="partials"),
         send=send,
@@ -115,5 +117,5 @@ async def test_only_the_owner_checks(setup: Any) -> None:
     ctx, rt, store, promotion = setup
     await outcomes(store.redis, promotion.keys, 2, 90, 10)
     await outcomes(store.redis, promotion.keys, 3, 30, 70)
-    ctx.tenures = {}  # the partition is another process's now
+    ctx.tenures.revoke(0)  # the partition is another process's now
     assert await check_namespace(ctx, rt, 11.0) is None and ctx.sent == []

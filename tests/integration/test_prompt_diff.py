@@ -59,7 +59,7 @@ async def _publish(url: str, prefix: str) -> None:
                 "bullets": len(playbook.bullets),
                 "traces": len(traces),
                 PROVENANCE_KEY: [provenance_entry(playbook.version, window, traces)],
-            }  # as workers/commit.py offers it
+            }  # as workers/combiner/commit.py offers it
             publisher.offer(NS, playbook.version, render_prompt(playbook), playbook.model_dump_json(), window_id=window,
                             meta=meta)  # fmt: skip
             await publisher.run(until_idle=True)

@@ -191,3 +191,111 @@ def test_the_wire_does_not_import_the_method_or_the_settings_object() -> None:
 def test_the_wire_rule_finds_an_offender() -> None:
     graph = {"streams.status": {"combee.settings", "streams.topics"}, "combee.cli.x": {"combee.settings"}}
     assert _wire_offenders(graph) == ["streams.status imports combee.settings"]
+
+
+# The workers' delivery layer (workers/delivery/) answers what Faust and aiokafka do not do the way the stages
+# need (issue 27). It sits at the bottom of workers/: only it reaches into aiokafka or Faust's transport, and it
+# imports no other worker module (a stage, the context, the combiner).
+DELIVERY = "workers.delivery"
+LIBRARY_INTERNALS = ("aiokafka", "faust.transport")
+
+
+def _library_imports(path: Path) -> Iterator[tuple[str, int]]:
+    """``(module, line)`` for every import of aiokafka or of Faust's transport in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        for name in names:
+            if any(name == lib or name.startswith(lib + ".") for lib in LIBRARY_INTERNALS):
+                yield name, node.lineno
+                break
+
+
+def _delivery_offenders(graph: dict[str, set[str]], library: dict[str, list[str]]) -> list[str]:
+    """Workers modules outside the delivery layer that import the libraries' internals, and delivery modules
+    that import a worker module above them."""
+    inside = [name for name in graph if name == DELIVERY or name.startswith(DELIVERY + ".")]
+    above = [
+        f"{name} imports {target}"
+        for name in inside
+        for target in sorted(graph[name])
+        if target.startswith("workers.") and not (target == DELIVERY or target.startswith(DELIVERY + "."))
+    ]
+    reaching = [
+        f"{name} imports {lib}"
+        for name, libs in sorted(library.items())
+        if name.startswith("workers.") and name not in inside
+        for lib in libs
+    ]
+    return above + reaching
+
+
+def _library_imports_by_module() -> dict[str, list[str]]:
+    return {name: [lib for lib, _ in _library_imports(path)] for name, path in MODULES.items()}
+
+
+def test_only_the_delivery_layer_reaches_into_aiokafka_and_faust_transport() -> None:
+    assert _delivery_offenders(_edges(), _library_imports_by_module()) == []
+
+
+def test_the_delivery_layer_exists_and_holds_the_workarounds() -> None:
+    library = _library_imports_by_module()
+    assert library["workers.delivery.kafka_io"] and library["workers.delivery.driver"]  # the rule reads them
+
+
+def test_the_delivery_rule_finds_offenders() -> None:
+    graph = {
+        "workers.delivery.acks": {"workers.context"},
+        "workers.delivery.driver": set(),
+        "workers.combine": {"workers.delivery.acks"},
+    }
+    library = {"workers.combine": ["aiokafka.structs"], "workers.delivery.driver": ["faust.transport.drivers"]}
+    assert _delivery_offenders(graph, library) == [
+        "workers.delivery.acks imports workers.context",
+        "workers.combine imports aiokafka.structs",
+    ]
+
+
+# The combiner (workers/combiner/) sits under its stage (workers/combine.py): from the rest of workers/ it uses only
+# what lies below every stage, so a partial's way through it goes down and never back up into a stage (issue 27).
+COMBINER = "workers.combiner"
+BELOW_THE_STAGES = ("workers.context", "workers.runtime", "workers.tenure", DELIVERY)
+
+
+def _combiner_offenders(graph: dict[str, set[str]]) -> list[str]:
+    def within(name: str, package: str) -> bool:
+        return name == package or name.startswith(package + ".")
+
+    return [
+        f"{name} imports {target}"
+        for name, targets in sorted(graph.items())
+        if within(name, COMBINER)
+        for target in sorted(targets)
+        if target.startswith("workers.")
+        and not within(target, COMBINER)
+        and not any(within(target, low) for low in BELOW_THE_STAGES)
+    ]
+
+
+def test_the_combiner_uses_nothing_of_workers_above_the_stages_context() -> None:
+    assert _combiner_offenders(_edges()) == []
+
+
+def test_the_combiner_rule_finds_an_offender() -> None:
+    graph = {
+        "workers.combiner.scan": {"workers.context", "workers.combiner.apply", "workers.delivery.acks"},
+        "workers.combiner.rollback": {"workers.promotion", "workers.tenure"},
+    }
+    assert _combiner_offenders(graph) == ["workers.combiner.rollback imports workers.promotion"]
+
+
+def test_every_delivery_module_names_the_library_behaviour_it_answers() -> None:
+    silent = [
+        name
+        for name, path in MODULES.items()
+        if name.startswith(DELIVERY + ".")
+        and "Library behaviour answered" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert silent == []

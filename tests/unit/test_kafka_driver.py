@@ -1,10 +1,10 @@
-"""The worker's Faust app builds its Kafka consumer with a short fetch wait (workers/kafka_driver.py)."""
+"""The worker's Faust app builds its Kafka consumer with a short fetch wait (workers/delivery/driver.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from workers.kafka_driver import FETCH_MAX_WAIT_MS, App
+from workers.delivery.driver import FETCH_MAX_WAIT_MS, App
 
 
 def test_the_worker_consumer_waits_at_most_fetch_max_wait_ms_on_the_broker() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from combee.corroborate import Corroboration, corroborate
 from combee.models import AddOp, Playbook
-from workers.pending import keep_pending, pending_pool
+from workers.combiner.pending import keep_pending, pending_pool
 
 
 class FakeStore:

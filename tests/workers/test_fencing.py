@@ -22,7 +22,7 @@ from tests.workers.test_stages import Event, MemoryKafka, Stream, feed_traces, l
 from tests.workers.test_stages import deliver as deliver_one
 from workers.app import _forget
 from workers.combine import ensure_ready
-from workers.commit import bind
+from workers.combiner.claim import bind
 from workers.context import StageContext
 from workers.window import close_due_windows
 
@@ -103,7 +103,7 @@ async def test_a_zombie_combiners_late_record_is_fenced_and_goes_nowhere_else() 
     await asyncio.gather(*list(b.tasks))
     split = log_of(kafka, b)
     assert [r.window_id for r in split.records("alpha")] == [f"alpha/p{part}/0-3"]
-    assert b.tenures[part].epoch > a.tenures[part].epoch
+    assert b.tenures.get(part).epoch > a.tenures.get(part).epoch
 
     playbooks_before = len(kafka.records(a.topics.playbooks))
     offers_before = list(a.publisher.offers)
@@ -113,15 +113,15 @@ async def test_a_zombie_combiners_late_record_is_fenced_and_goes_nowhere_else() 
     await _turns()
     await asyncio.gather(*list(a.tasks))
 
-    assert a.fenced_writes == 1
+    assert a.tenures.fenced_writes == 1
     split = log_of(kafka, a)
     assert [r.window_id for r in split.fenced_records("alpha")] == [f"alpha/p{part}/0-3"]
-    assert [r.epoch for r in split.fenced_records()] == [a.tenures[part].epoch]
+    assert [r.epoch for r in split.fenced_records()] == [a.tenures.get(part).epoch]
     assert [r.window_id for r in split.records("alpha")] == [f"alpha/p{part}/0-3"]  # each window once
     assert len(kafka.records(a.topics.playbooks)) == playbooks_before  # no snapshot, no checkpoint
     assert a.publisher.offers == offers_before  # Redis never hears of the fenced version
     assert [x for x in a_stream.acked if x not in acked_before] == []  # nor are its records acked
-    assert a.tenures[part].fenced and a.runtime("alpha").windows == {}
+    assert a.tenures.get(part).fenced and a.runtime("alpha").windows == {}
 
     # and A does not claim the partition back while it is still (as far as it knows) assigned to it
     await deliver(a, kafka, a_stream, set(), [a.topics.partials])
@@ -139,7 +139,7 @@ async def test_work_finished_after_a_revocation_but_before_any_new_claim_counts_
     llm.release.set()
     await _turns()
     await asyncio.gather(*list(a.tasks))
-    assert a.fenced_writes == 0
+    assert a.tenures.fenced_writes == 0
     assert a.snapshots.get("alpha") is None  # its late snapshot went to the changelog, not to the wiped cache
 
     b = learner(kafka, ScriptedLLM(echo_script), method=PAPER)
@@ -157,14 +157,14 @@ async def test_the_same_worker_reassigned_fences_its_own_earlier_tenure() -> Non
     kafka = MemoryKafka()
     a, llm, _ = await old_owner_with_a_merge_in_flight(kafka)
     part = a.home_partition("alpha")
-    first = a.tenures[part]
+    first = a.tenures.get(part)
     _forget(a, [TP(a.topics.partials, p) for p in range(a.topics.partitions)])
     await ensure_ready(a, part)  # reassigned: the first partials event claims again
-    assert a.tenures[part] is not first
+    assert a.tenures.get(part) is not first
     llm.release.set()
     await _turns()
     await asyncio.gather(*list(a.tasks))
-    assert a.fenced_writes == 1 and first.fenced
+    assert a.tenures.fenced_writes == 1 and first.fenced
     assert log_of(kafka, a).records("alpha") == []
 
 
@@ -270,7 +270,7 @@ async def test_a_claim_revoked_while_it_is_readied_is_not_bound_and_the_redelive
     await asyncio.gather(*list(a.tasks))
     assert kafka.revoked == 1
     _, first_claim, _ = log_of(kafka, a).claims[0]
-    assert all(t.epoch != first_claim for t in a.tenures.values())  # the revoked claim was never made ready
+    assert all(t.epoch != first_claim for t in a.tenures.held())  # the revoked claim was never made ready
     assert log_of(kafka, a).records("alpha") == []  # the event that asked for it was left for its owner
 
     # reassigned: the stream resumes at the committed offset and hands the partials over again
@@ -300,8 +300,7 @@ async def test_rebinding_a_namespace_keeps_the_runtime_a_mapper_waits_on() -> No
 
     task = asyncio.create_task(waiter())
     await _turns()
-    _forget(a, [])  # nothing revoked; a second tenure of the same partition all the same
-    a.ready_partitions.discard(part)
+    a.tenures.revoke(part)  # the combiner's part only (the runtimes stay): a second tenure of the same partition
     second = await ensure_ready(a, part)
     again = bind(a, second, "alpha")
     assert again is rt and rt.tenure is second

@@ -127,7 +127,7 @@ def worker(
     ctx.serving, ctx.store = promotion, store  # type: ignore[assignment]
     ctx.outcomes = SimpleNamespace(store=NoOutcomes())  # type: ignore[assignment]
     tenure = Tenure(partition=0, epoch=0, owner=ctx.owner)
-    ctx.tenures[0] = tenure
+    ctx.tenures.claimed(tenure)
     return ctx, SimpleNamespace(namespace=NS, tenure=tenure, partition=0)
 
 
@@ -212,7 +212,7 @@ async def test_an_owner_that_lost_the_namespace_during_the_evaluation_records_no
     ctx, rt = worker(kafka, ScriptedLLM(per_playbook), promotion, MemoryStore(versions(BAD_LESSON)))
 
     def revoke_midway(request: ChatRequest) -> str:
-        ctx.tenures.pop(0, None)  # a rebalance hands the partition to another process
+        ctx.tenures.revoke(0)  # a rebalance hands the partition to another process
         return per_playbook(request)
 
     ctx.llm = ScriptedLLM(revoke_midway)

@@ -10,7 +10,7 @@ group's committed offset, and what lies between is read directly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -32,10 +32,13 @@ from tests.workers.test_stages import (
 )
 from workers import mapper
 from workers.app import _forget
-from workers.combine import ensure_ready, handle_partial
+from workers.combine import handle_partial
+from workers.combiner.claim import ensure_ready
+from workers.context import StageContext
 from workers.curate import handle_group
+from workers.delivery.backfill import with_backfill
+from workers.delivery.resume import Look, check_stalls
 from workers.mapper import handle_window
-from workers.resume import Look, check_stalls
 from workers.window import handle_trace
 
 
@@ -84,7 +87,7 @@ async def test_a_plan_dropped_on_revocation_is_read_back_when_the_stream_resumes
     ctx = learner(kafka, ScriptedLLM(echo_script))
     await _window_mapped(ctx, kafka, stream, "alpha", 6)
     (plan,) = kafka.records(ctx.topics.partials)  # generation 1: the plan reaches the combiner...
-    for e in await ctx.with_backfill(Event(plan)):
+    for e in await with_backfill(ctx.acks, ctx.io, Event(plan)):
         await handle_partial(ctx, stream, e)
     # ...then a rebalance revokes everything; this worker gets the same partitions back
     _forget(ctx, [TP(plan.topic, p) for p in range(ctx.topics.partitions)])
@@ -111,7 +114,7 @@ async def test_a_first_event_at_the_committed_offset_reads_nothing_extra() -> No
     kafka.commits[(ctx.topics.traces, part)] = 2
     fresh = learner(kafka, ScriptedLLM(echo_script))
     (msg,) = [m for m in kafka.records(ctx.topics.traces) if m.offset == 2]
-    assert await fresh.with_backfill(Event(msg)) == [Event(msg)]
+    assert await with_backfill(fresh.acks, fresh.io, Event(msg)) == [Event(msg)]
     assert fresh.acks.backfilled == 0
 
 
@@ -143,9 +146,16 @@ class FaustConsumer:
         self.positions[tp] = offset
 
 
+def _guarded(ctx: StageContext) -> dict[str, Any]:
+    """What the stall guard is given of a worker: its stage topics, its acks and its Kafka I/O."""
+    return {"topics": ctx.topics.stage_inputs, "acks": ctx.acks, "io": ctx.io}
+
+
 async def _deliver(ctx, stream, msgs) -> None:  # type: ignore[no-untyped-def]
     for msg in msgs:
-        for e in await ctx.with_backfill(Event(Msg(msg.topic, msg.partition, msg.offset, msg.key, msg.value))):
+        for e in await with_backfill(
+            ctx.acks, ctx.io, Event(Msg(msg.topic, msg.partition, msg.offset, msg.key, msg.value))
+        ):
             await handle_partial(ctx, stream, e)
 
 
@@ -168,9 +178,9 @@ async def test_a_partition_resumed_past_everything_it_held_is_sought_back_and_it
     consumer = FaustConsumer({tp: len(held), FTP(ctx.topics.traces, tp.partition): 6})
     kafka.commits[(ctx.topics.traces, tp.partition)] = 6  # the traces were windowed and committed
 
-    looks = await check_stalls(ctx, consumer, {})
+    looks = await check_stalls(consumer, {}, **_guarded(ctx))
     assert consumer.seeks == [] and kafka.asked == []  # maybe records on their way: look again
-    looks = await check_stalls(ctx, consumer, looks)
+    looks = await check_stalls(consumer, looks, **_guarded(ctx))
     assert consumer.seeks == [(tp, 0)] and ctx.acks.resumed == 1  # the traces partition is at its commit
     assert looks == {(ctx.topics.traces, tp.partition): Look(6, cleared=True)}
     assert deltas(kafka, ctx.topics) == []
@@ -190,15 +200,15 @@ async def test_the_stall_guard_leaves_alone_a_partition_that_delivered_or_moved(
     moving = FTP(ctx.topics.windows, part)
     consumer = FaustConsumer({busy: 3, moving: 4})
     key = (moving.topic, moving.partition)
-    looks = await check_stalls(ctx, consumer, {})
+    looks = await check_stalls(consumer, {}, **_guarded(ctx))
     assert looks == {key: Look(4)}  # the traces partition delivered: not looked at
     consumer.positions[moving] = 7  # the position moved: records are flowing, look again later
-    looks = await check_stalls(ctx, consumer, looks)
+    looks = await check_stalls(consumer, looks, **_guarded(ctx))
     assert looks == {key: Look(7)} and consumer.seeks == [] and kafka.asked == []
     kafka.commits[key] = 7  # at its committed offset (an idle partition): nothing was skipped
-    looks = await check_stalls(ctx, consumer, looks)
+    looks = await check_stalls(consumer, looks, **_guarded(ctx))
     assert looks == {key: Look(7, cleared=True)} and kafka.asked == [key]
-    looks = await check_stalls(ctx, consumer, looks)  # not asked again while it stays there
+    looks = await check_stalls(consumer, looks, **_guarded(ctx))  # not asked again while it stays there
     assert looks == {key: Look(7, cleared=True)} and kafka.asked == [key] and consumer.seeks == []
 
 
@@ -207,11 +217,11 @@ async def test_a_record_handed_over_again_since_the_assignment_is_dropped_at_int
     ctx = learner(kafka, ScriptedLLM(echo_script))
     await _feed_through_intake(ctx, kafka, stream, "alpha", 3)
     again = Event(kafka.records(ctx.topics.traces)[1])
-    assert await ctx.with_backfill(again) == []
+    assert await with_backfill(ctx.acks, ctx.io, again) == []
     assert ctx.acks.redelivered == 1 and ctx.acks.backfilled == 0
     _forget(ctx, [TP(again.message.topic, again.message.partition)])  # after a revocation: new to this worker
     kafka.commits[(again.message.topic, again.message.partition)] = 1
-    assert await ctx.with_backfill(again) == [again]
+    assert await with_backfill(ctx.acks, ctx.io, again) == [again]
 
 
 async def _feed_through_intake(ctx, kafka, stream, ns: str, n: int) -> None:  # type: ignore[no-untyped-def]
@@ -219,7 +229,9 @@ async def _feed_through_intake(ctx, kafka, stream, ns: str, n: int) -> None:  # 
     part = ctx.home_partition(ns)
     for i in range(n):
         offset = await kafka.send(ctx.topics.traces, ns.encode(), trace(ns, i), part)
-        for e in await ctx.with_backfill(Event(Msg(ctx.topics.traces, part, offset, ns.encode(), trace(ns, i)))):
+        for e in await with_backfill(
+            ctx.acks, ctx.io, Event(Msg(ctx.topics.traces, part, offset, ns.encode(), trace(ns, i)))
+        ):
             await handle_trace(ctx, stream, e)
 
 
@@ -241,7 +253,7 @@ async def test_a_lost_wake_up_costs_one_re_check_not_the_namespace(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Should a path that moves the snapshot on ever forget to wake the map stage, the turn is looked at again."""
-    from workers import commit
+    from workers.combiner import commit
 
     async def forgotten(*args: object) -> None:
         return None

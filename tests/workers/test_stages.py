@@ -29,10 +29,12 @@ from workers.app import _map_state_decode, _map_state_encode, _snapshot_decode, 
 from workers.combine import handle_partial
 from workers.context import StageConfig, StageContext
 from workers.curate import handle_group
+from workers.delivery.backfill import with_backfill
+from workers.delivery.kafka_io import LogRecord
+from workers.delivery.tables import ChangelogTable
 from workers.fanout import handle_reflected
 from workers.mapper import handle_window
 from workers.reflect import handle_reflect_task
-from workers.state import ChangelogTable, LogRecord
 from workers.window import close_due_windows, handle_trace
 
 
@@ -331,7 +333,7 @@ async def test_a_record_the_stream_skipped_is_read_directly_and_learned() -> Non
         msgs.append(Msg(ctx.topics.traces, part, offset, b"alpha", trace("alpha", i)))
     delivered = [msgs[0], msgs[1], msgs[3]]  # offset 2 never reaches the agent
     for msg in delivered:
-        for e in await ctx.with_backfill(Event(msg)):
+        for e in await with_backfill(ctx.acks, ctx.io, Event(msg)):
             await handle_trace(ctx, stream, e)
     rt = ctx.runtime("alpha")
     assert [b.offset for b in rt.buffers[part]] == [0, 1, 2, 3]

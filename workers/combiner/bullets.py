@@ -9,7 +9,7 @@ import logging
 from combee.models import Playbook
 from combee.quarantine import UnknownBullet, release, remove_bullet, set_pinned
 from streams.envelopes import Control
-from workers.commit import commit_control, snapshot_of
+from workers.combiner.commit import commit_control, snapshot_of
 from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 

@@ -1,12 +1,12 @@
 """faust-streaming's aiokafka driver with one change: how long the worker's fetches wait on the broker.
 
-The driver builds the worker's consumer with ``fetch_max_wait_ms=1500``, hard-coded (no Faust setting reaches
-it). aiokafka sends one long-poll fetch per broker for the partitions that have no records buffered; a
-partition whose buffer drains while such a fetch is in flight is asked for only when that fetch returns, up to
-1.5 s later. Every stage hop of a window (windows, reflect, reflections, groups, partials) can pay it, and the
-map stage's round trip through the pool paid it on every window (docs/scaling.md). Here the fetch waits at
-most :data:`FETCH_MAX_WAIT_MS`; an idle worker then sends a few more (empty) fetches per second, which costs
-the broker next to nothing.
+Library behaviour answered: the driver builds the worker's consumer with ``fetch_max_wait_ms=1500``, hard-coded
+(no Faust setting reaches it). aiokafka sends one long-poll fetch per broker for the partitions that have no
+records buffered; a partition whose buffer drains while such a fetch is in flight is asked for only when that
+fetch returns, up to 1.5 s later. Every stage hop of a window (windows, reflect, reflections, groups, partials)
+can pay it, and the map stage's round trip through the pool paid it on every window (docs/scaling.md). Here the
+fetch waits at most :data:`FETCH_MAX_WAIT_MS`; an idle worker then sends a few more (empty) fetches per second,
+which costs the broker next to nothing.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """In-order acknowledgement of Faust events whose processing finishes out of order.
 
-Faust commits the highest *contiguous* acked offset of a partition, but on a partition with no committed
-offset yet it would commit past un-acked earlier events. Stages here finish events out of order (a window
-holds its traces until it is delivered; a curate call can overtake another), so every event is registered on
-arrival and acked to Faust only when it and every earlier event of its partition are done: a commit never
-skips an unfinished record, whatever Faust does with gaps.
+Library behaviour answered: Faust commits the highest *contiguous* acked offset of a partition, but on a partition
+with no committed offset yet it would commit past un-acked earlier events. Stages here finish events out of order
+(a window holds its traces until it is delivered; a curate call can overtake another), so every event is
+registered on arrival and acked to Faust only when it and every earlier event of its partition are done: a commit
+never skips an unfinished record, whatever Faust does with gaps.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ class OrderedAcks:
     _by_key: dict[tuple[str, int, int], _Pending] = field(default_factory=dict)
     _last_seen: dict[tuple[str, int], int] = field(default_factory=dict)
     acked: int = 0
-    backfilled: int = 0  # records read directly to fill a gap the stream skipped (StageContext.with_backfill)
+    backfilled: int = 0  # records read directly to fill a gap the stream skipped (workers.delivery.backfill)
     redelivered: int = 0  # records the stream handed over again since the assignment, dropped at intake
-    resumed: int = 0  # partitions sought back by the stall guard (workers.resume)
+    resumed: int = 0  # partitions sought back by the stall guard (workers.delivery.resume)
 
     def gap(self, event: Any) -> tuple[int, int] | None:
         """The offsets skipped between the previous event of this partition and ``event``, if any.
