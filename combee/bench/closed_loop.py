@@ -24,6 +24,7 @@ records (:mod:`combee.closedloop`) and the decisions recorded in Redis.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import json
 import random
@@ -321,7 +322,16 @@ async def run_policy(
         result = assess(policy, fleet.records, decisions, injected_at=injected_at, live_before=live_before,
                         bad_version=bad, last_bad=max(last_bad, bad), fraction=cfg.fraction if policy == "canary"
                         else None)  # fmt: skip
-        worker_counts = {k: as_json(v) for k, v in (await RedisOutcomes(redis, keys).counts(ns)).items()}
+        outcomes = RedisOutcomes(redis, keys)
+
+        async def all_counted() -> bool:
+            return sum(c.n for c in (await outcomes.counts(ns)).values()) >= fleet.seq
+
+        try:  # the worker counts a trace when its window stage takes it in: wait for the last ones
+            await _wait(f"{ns}'s outcomes to be counted", all_counted, 60)
+        except TimeoutError as exc:
+            _say(str(exc))
+        worker_counts = {k: as_json(v) for k, v in (await outcomes.counts(ns)).items()}
         arm_ids = sum(arm_position(ns, a) < cfg.fraction for a in fleet.ids) / len(fleet.ids)
         doc = _policy_doc(result, injected_at, fleet.records, decisions, worker_counts, cfg, len(doomed), arm_ids)
         return doc, fleet.records
@@ -420,11 +430,11 @@ def write_plot(doc: Mapping[str, Any], path: Path) -> bool:
 
 
 def write_results(doc: dict[str, Any], records: Mapping[str, Sequence[AgentRecord]], out: Path) -> None:
-    """``closed-loop.json`` (every figure), ``records.jsonl`` (every agent's task), ``closed-loop.png`` (or, without
+    """``closed-loop.json`` (every figure), ``records.jsonl.gz`` (every agent's task), ``closed-loop.png`` (or, without
     matplotlib, ``closed-loop.txt`` only) and ``closed-loop.txt`` (the tables and text charts)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "closed-loop.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    with (out / "records.jsonl").open("w") as fh:
+    with gzip.open(out / "records.jsonl.gz", "wt") as fh:
         for policy, rs in records.items():
             for r in rs:
                 fh.write(json.dumps({"policy": policy, **r.as_json()}) + "\n")

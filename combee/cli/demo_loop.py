@@ -14,8 +14,11 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
-from combee.bench.closed_loop import LoopConfig, run_closed_loop, summary_table, worker_env
+from combee.bench.closed_loop import LoopConfig, run_closed_loop, worker_env
+from combee.closedloop import EXPECTED
+from combee.serving import Policy
 
 __all__ = ["BENCH_OUT", "loop_config", "run_closed_loop_demo"]
 
@@ -40,7 +43,11 @@ def loop_config(args: argparse.Namespace) -> LoopConfig:
     """The loop's sizes from the demo's options (defaults: :class:`LoopConfig`)."""
     cfg = LoopConfig(time_scale=args.time_scale)
     if getattr(args, "policies", None):
-        cfg = replace(cfg, policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()))
+        names = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+        unknown = sorted(set(names) - set(EXPECTED))
+        if unknown or not names:
+            raise SystemExit(f"--policies: choose among {', '.join(EXPECTED)}; got {args.policies!r}")
+        cfg = replace(cfg, policies=cast(tuple[Policy, ...], names))
     if getattr(args, "rate", None) and args.rate != 80.0:  # 80: the plain demo's default, not the loop's
         cfg = replace(cfg, rate=args.rate)
     return cfg
@@ -84,8 +91,7 @@ def run_closed_loop_demo(args: argparse.Namespace) -> int:
             _say(f"worker pid {worker.pid} (log: {out / 'worker.log'})")
             doc = run_closed_loop(cfg, out, bootstrap=bootstrap, redis_url=redis_url, prefix=prefix,
                                   base_url=sim.base_url)  # fmt: skip
-        print(summary_table(doc))
-        print((out / "closed-loop.txt").read_text())
+        print((out / "closed-loop.txt").read_text())  # the summary table, then per policy the versions
         _say(f"results: {out / 'closed-loop.json'}" + (f", plot {out / doc['plot']}" if doc.get("plot") else ""))
         _say("SIMULATED: the agents, their tasks and the model are simulated; Kafka, Redis and the worker are real")
         return 0 if all(p["assessment"]["passed"] for p in doc["policies"].values()) else 1
