@@ -48,7 +48,7 @@ def loop_config(args: argparse.Namespace) -> LoopConfig:
         if unknown or not names:
             raise SystemExit(f"--policies: choose among {', '.join(EXPECTED)}; got {args.policies!r}")
         cfg = replace(cfg, policies=cast(tuple[Policy, ...], names))
-    if getattr(args, "rate", None) and args.rate != 80.0:  # 80: the plain demo's default, not the loop's
+    if getattr(args, "rate", None) is not None:
         cfg = replace(cfg, rate=args.rate)
     return cfg
 

@@ -170,3 +170,18 @@ def test_a_control_record_names_several_bullets_only_for_a_remove_and_old_record
         Control(namespace="ns", kind="pin", bullet_ids=("b00001",), requested_at=1.0)
     with pytest.raises(ValidationError):
         Control(namespace="ns", kind="remove", bullet_id="b00003", bullet_ids=("b00001",), requested_at=1.0)
+
+
+def test_the_demo_options_choose_the_policies_and_the_rate() -> None:
+    import argparse
+
+    from combee.cli.demo_loop import loop_config
+
+    def args(**kw: object) -> argparse.Namespace:
+        return argparse.Namespace(**{"time_scale": 0.02, "policies": None, "rate": None, **kw})
+
+    assert loop_config(args()).policies == ("gate", "canary", "direct") and loop_config(args()).rate == 25.0
+    assert loop_config(args(policies="direct, gate", rate=10.0)).policies == ("direct", "gate")
+    assert loop_config(args(rate=10.0)).rate == 10.0
+    with pytest.raises(SystemExit, match="manual"):
+        loop_config(args(policies="gate,manual"))
