@@ -34,7 +34,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from combee.closedloop import AgentRecord, Assessment, assess, counts_json, seq_at, text_chart, timeline
+from combee.closedloop import (
+    AgentRecord,
+    Assessment,
+    answering_decision,
+    assess,
+    counts_json,
+    seq_at,
+    text_chart,
+    timeline,
+)
 from combee.closedloop import version_table as table_of
 from combee.graders import make_grader
 from combee.models import Playbook
@@ -293,8 +302,6 @@ async def run_policy(
 
         bad = await _wait(f"{ns}'s injected version", bad_published, 120)
         _say(f"{ns}: bad version v{bad} published; the fleet goes on until {policy} answers it")
-        from combee.closedloop import answering_decision
-
         found: dict[str, Any] = {}
 
         async def watch() -> None:
@@ -312,8 +319,9 @@ async def run_policy(
         state = await promotion.serving(ns)
         last_bad = state.rejected_through if policy != "direct" else int(found.get("version") or bad)
         if found:
-            _say(f"{ns}: {found['action']} v{found['version']} by {found['decided_by']} after "
-                 f"{fleet.seq - decide_start} tasks: {found['reason']}")  # fmt: skip
+            seen = fleet.seq - decide_start
+            _say(f"{ns}: {found['action']} v{found['version']} by {found['decided_by']}, seen {seen} tasks after the "
+                 f"injection: {found['reason']}")  # fmt: skip
         else:
             _say(f"{ns}: no {policy} decision within {cfg.max_decide_tasks} tasks")
         await asyncio.sleep(2 * cfg.check_s)  # the combiner commits the restored head
