@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900
 STARTUP_S = 300
 CONFIG = LoopConfig(
     policies=("gate",), agents=200, rate=25.0, hot_rules=8, window=200, max_wait_s=30.0, learn_tasks=200,
-    before_tasks=0, max_decide_tasks=600, after_tasks=40, validation_tasks=40, gate_min_pairs=30, block=50,
+    before_tasks=0, max_decide_tasks=600, after_tasks=40, validation_tasks=60, gate_min_pairs=40, block=50,
     settle_timeout_s=240.0,
 )  # fmt: skip
 

@@ -4,6 +4,7 @@ the one-version removal of several bullets its injection uses (Control.bullet_id
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -185,3 +186,22 @@ def test_the_demo_options_choose_the_policies_and_the_rate() -> None:
     assert loop_config(args(rate=10.0)).rate == 10.0
     with pytest.raises(SystemExit, match="manual"):
         loop_config(args(policies="gate,manual"))
+
+
+def test_the_result_files_hold_the_table_the_records_and_the_plot(tmp_path: Path) -> None:
+    import gzip
+
+    from combee.bench.closed_loop import write_results
+
+    records = _run(30)
+    result = assess("direct", records, DECISIONS, injected_at=10.0, live_before=3, bad_version=4, last_bad=4)
+    part = {"assessment": result.as_json(), "timeline": [vars(r) for r in timeline(records, 10)],
+            "marks": {"injected": 10, "decided": 30}}  # fmt: skip
+    doc = {"config": {"block": 10}, "policies": {"direct": part}}
+    write_results(doc, {"direct": records}, tmp_path)
+    assert json.loads((tmp_path / "closed-loop.json").read_text())["policies"]["direct"]["assessment"]["passed"]
+    with gzip.open(tmp_path / "records.jsonl.gz", "rt") as fh:
+        assert sum(1 for _ in fh) == len(records)
+    text = (tmp_path / "closed-loop.txt").read_text()
+    assert "rollback v4 by outcomes" in text and "SIMULATED" in text and "v4" in text
+    assert doc["plot"] == "closed-loop.png" and (tmp_path / "closed-loop.png").stat().st_size > 0
