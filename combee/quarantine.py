@@ -13,7 +13,7 @@ recorded as an :class:`AuditEntry` (``combee bullet audit``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -45,6 +45,7 @@ __all__ = [
     "quarantined",
     "release",
     "remove_bullet",
+    "remove_bullets",
     "set_pinned",
     "text_hash",
 ]
@@ -151,6 +152,16 @@ def remove_bullet(playbook: Playbook, bullet_id: str) -> Playbook:
     Raises :class:`UnknownBullet` when it is not there."""
     _require(playbook, bullet_id)
     kept = tuple(b for b in playbook.bullets if b.id != bullet_id)
+    return playbook.model_copy(update={"version": playbook.version + 1, "bullets": kept})
+
+
+def remove_bullets(playbook: Playbook, bullet_ids: Sequence[str]) -> Playbook:
+    """The next version of ``playbook`` without any of ``bullet_ids``: one version, however many are named.
+    Raises :class:`UnknownBullet` when one is not there (and removes none)."""
+    for bullet_id in bullet_ids:
+        _require(playbook, bullet_id)
+    gone = set(bullet_ids)
+    kept = tuple(b for b in playbook.bullets if b.id not in gone)
     return playbook.model_copy(update={"version": playbook.version + 1, "bullets": kept})
 
 

@@ -223,6 +223,11 @@ class Control(_Envelope):
     kind: Literal["rollback", "release", "remove", "pin", "unpin", "promote", "reject"]
     to_version: int = Field(default=0, ge=0)
     bullet_id: str | None = Field(default=None, max_length=16, description="a bullet id, or a quarantine id")
+    # Several live bullets removed in one version (kind ``remove`` only). Left out of the record when empty, so a
+    # record without it is byte for byte what it was before the field existed (and its signature unchanged).
+    bullet_ids: tuple[Annotated[str, Field(max_length=16)], ...] = Field(
+        default=(), max_length=4096, exclude_if=lambda ids: not ids, description="live bullets removed at once"
+    )
     actor: str | None = Field(default=None, max_length=128, description="who asked (OS user or --actor)")
     requested_at: float
     signature: str | None = Field(
@@ -232,6 +237,12 @@ class Control(_Envelope):
     )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _several_only_to_remove(self) -> Control:
+        if self.bullet_ids and (self.kind != "remove" or self.bullet_id is not None):
+            raise ValueError("bullet_ids names the bullets of a remove, instead of bullet_id")
+        return self
 
 
 class Claim(_Envelope):

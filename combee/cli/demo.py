@@ -48,8 +48,9 @@ def add_demo_command(sub: Any) -> None:
     )
     d.add_argument("--batch-size", type=batch_size, default=50)
     d.add_argument("--time-scale", type=float, default=0.02)
-    d.add_argument("--out", type=Path, default=Path("var/demo"))
-    d.add_argument("--rate", type=float, default=80.0, help="traces per second the SIMULATED fleet publishes")
+    d.add_argument("--out", type=Path, help="where results go (default var/demo; --closed-loop: var/demo-closed-loop)")
+    d.add_argument("--rate", type=float, help="traces per second the SIMULATED fleet publishes (default 80; 25 with "
+                   "--closed-loop)")  # fmt: skip
     d.add_argument("--offline", action="store_true", help="learn in-process only (no Kafka/Redis)")
     d.add_argument("--timeout", type=float, default=600.0, help="give up waiting for the workers after SECONDS")
     d.add_argument(
@@ -59,10 +60,26 @@ def add_demo_command(sub: Any) -> None:
         help="sim: the SIMULATED model (default); local: the real local model (combee llm serve; needs the llm "
         "extra) on real Formula traces; endpoint: the real model at OPENAI_BASE_URL",
     )
+    d.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help="SIMULATED agents read the prompt, answer, publish outcomes; a bad version is injected and each "
+        "promotion policy answers it (docs/promotion.md, 'The closed loop')",
+    )
+    d.add_argument("--bench", action="store_true", help="with --closed-loop: write under docs/results/closed-loop-sim")
+    d.add_argument("--policies", help="with --closed-loop: comma-separated, default gate,canary,direct")
     d.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if getattr(args, "closed_loop", False):
+        from combee.cli.demo_loop import run_closed_loop_demo
+
+        return run_closed_loop_demo(args)
+    if args.out is None:
+        args.out = Path("var/demo")
+    if args.rate is None:
+        args.rate = 80.0
     if args.traces is None:
         args.traces = 300 if getattr(args, "llm", "sim") == "sim" else 6
     if args.offline:
