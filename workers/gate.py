@@ -110,6 +110,10 @@ async def gate_decision(ctx: StageContext, namespace: str, state: Serving, head:
         return None
     log.info("%s: gate: evaluating v%d against the live v%d on %d tasks", namespace, candidate, state.live, len(tasks))
     pairs = await evaluate(ctx.llm, tasks, cand, live, concurrency=rule.concurrency)
+    log.info(
+        "%s: gate: evaluated v%d against the live v%d: %d of %d tasks right with the candidate, %d with the live",
+        namespace, candidate, state.live, pairs.both + pairs.candidate_only, pairs.n, pairs.both + pairs.baseline_only,
+    )  # fmt: skip
     graders = dict(sorted(Counter(t.grader for t in tasks).items()))
     validation = {"source": source, "tasks": len(tasks), "graders": graders}
     return decide_gate(state, candidate, pairs, rule, at=now, validation=validation)

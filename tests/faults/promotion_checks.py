@@ -1,0 +1,137 @@
+"""The promotion bookkeeping a fault must not break, read from what a run left (issue 24, the fault suite's item).
+
+Pure functions over the namespace's decision records (Redis ``<prefix>:{NS}:decisions``), its serving state, the
+decision lines the workers logged when a decision script applied one (workers/promotion.py ``_record``), the
+outcome counts in Redis and the traces the scenario's agents published. Each returns violations (empty: it holds):
+
+* :func:`decision_violations` — every recorded decision was applied exactly once (the serving state's ``serial``
+  grows once per applied script, and each decision has exactly one "applied" line in the workers' logs), no version
+  is promoted twice and what is live only moves forward, no promoted, live or served version was rejected, and
+  nothing is left pending at the end (every candidate decided);
+* :func:`outcome_violations` — the outcome counts per version equal what the published traces say, to the trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from combee.outcomes import OutcomeCounts
+from combee.serving import Serving, pending_candidate
+
+__all__ = ["APPLIED", "applied_decisions", "decision_violations", "expected_outcomes", "outcome_violations"]
+
+#: The line workers/promotion.py logs when the decision script applied a decision (not when it refused one).
+APPLIED = re.compile(
+    r"(?P<ns>\S+): (?P<action>promote|reject|rollback) v(?P<version>\d+) by (?P<by>\S+) under (?P<policy>\w+) "
+    r"\(serving v(?P<serve>\w+)\)"
+)
+
+
+def applied_decisions(logs: Iterable[str], namespace: str) -> Counter[str]:
+    """How many times each decision id of ``namespace`` was applied, from the workers' log texts."""
+    out: Counter[str] = Counter()
+    for text in logs:
+        for m in APPLIED.finditer(text):
+            if m["ns"] != namespace:
+                continue
+            target = f"-to-v{m['serve']}" if m["action"] == "rollback" else ""
+            out[f"{m['action']}/v{m['version']}{target}"] += 1
+    return out
+
+
+def _rejected(decisions: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Versions certainly rejected: each reject from its first version to the candidate its evidence names."""
+    out: set[int] = set()
+    for d in decisions:
+        if d.get("action") != "reject":
+            continue
+        first = int(d["version"])
+        top = int((d.get("evidence") or {}).get("candidate_version") or first)
+        out.update(range(first, max(first, top) + 1))
+    return out
+
+
+def decision_violations(
+    decisions: Sequence[Mapping[str, Any]],
+    state: Serving,
+    head: int,
+    applied: Mapping[str, int],
+    *,
+    served: Iterable[int] = (),
+    served_only_live: bool = False,
+    settled: bool = True,
+) -> list[str]:
+    """Violations of the decision bookkeeping (see the module docstring). ``decisions``: the records, oldest
+    first (:func:`streams.redis_promotion.parse_decisions`); ``state`` and ``head``: the serving state and the
+    newest version at the end; ``applied``: :func:`applied_decisions`; ``served``: every version the agents were
+    served; ``served_only_live``: the policy serves agents nothing but promoted versions (the gate); ``settled``:
+    every candidate must be decided (nothing pending at the end)."""
+    v: list[str] = []
+    ids = [str(d.get("id")) for d in decisions]
+    if state.serial != len(decisions):
+        v.append(
+            f"the serving state changed {state.serial} times for {len(decisions)} recorded decisions: "
+            "a decision was applied more than once, or applied without its record"
+        )
+    for did in ids:
+        if did.startswith("policy/"):
+            continue
+        if applied.get(did, 0) != 1:
+            v.append(f"decision {did} was applied {applied.get(did, 0)} times by the workers (once expected)")
+    for did in sorted(set(applied) - set(ids)):
+        v.append(f"a worker applied decision {did}, which Redis does not record")
+    promotes = [d for d in decisions if d.get("action") == "promote"]
+    promoted = [int(d["serve"]) for d in promotes]
+    for version, n in Counter(promoted).items():
+        if n > 1:
+            v.append(f"v{version} was promoted {n} times")
+    for before, after in itertools.pairwise(promoted):
+        if after <= before:
+            v.append(f"the live version went from v{before} back to v{after}")
+    if any(d.get("action") == "rollback" for d in decisions):
+        v.append("a rollback was recorded: the scenario runs without rollback on outcomes")
+    rejected = _rejected(decisions)
+    both = sorted(rejected & set(promoted))
+    if both:
+        v.append(f"versions {both} were both promoted and rejected")
+    if state.live is None or state.live in rejected:
+        v.append(f"the live version at the end is v{state.live}, a rejected version or none")
+    seen = set(served)
+    if seen & rejected:
+        v.append(f"agents were served rejected versions {sorted(seen & rejected)}")
+    if served_only_live and not seen <= set(promoted):
+        v.append(f"agents were served versions never promoted: {sorted(seen - set(promoted))}")
+    waiting = pending_candidate(state, head)
+    if settled and (waiting is not None or state.live != head):
+        v.append(f"not every candidate was decided: head v{head}, live v{state.live}, pending {waiting}")
+    return v
+
+
+def expected_outcomes(traces: Iterable[Mapping[str, Any]]) -> dict[str, OutcomeCounts]:
+    """The outcome counts the published traces call for: per version they name, successes, failures, unknown."""
+    tally: dict[str, Counter[str]] = {}
+    for t in traces:
+        version = t.get("playbook_version")
+        if version is None:
+            continue
+        success = (t.get("feedback") or {}).get("success")
+        outcome = "unknown" if success is None else ("success" if success else "failure")
+        tally.setdefault(str(version), Counter())[outcome] += 1
+    return {
+        k: OutcomeCounts(success=c["success"], failure=c["failure"], unknown=c["unknown"]) for k, c in tally.items()
+    }
+
+
+def outcome_violations(expected: Mapping[str, OutcomeCounts], counted: Mapping[str, OutcomeCounts]) -> list[str]:
+    """Per version, the counted successes, failures and unknowns must be exactly the expected ones."""
+    v: list[str] = []
+    for key in sorted(set(expected) | set(counted), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)):
+        want, got = expected.get(key, OutcomeCounts()), counted.get(key, OutcomeCounts())
+        w, g = (want.success, want.failure, want.unknown), (got.success, got.failure, got.unknown)
+        if w != g:
+            v.append(f"outcomes of v{key}: counted (success, failure, unknown) = {g}, the traces say {w}")
+    return v
