@@ -22,7 +22,14 @@ from typing import Any
 from combee.outcomes import OutcomeCounts
 from combee.serving import Serving, pending_candidate
 
-__all__ = ["APPLIED", "applied_decisions", "decision_violations", "expected_outcomes", "outcome_violations"]
+__all__ = [
+    "APPLIED",
+    "applied_decisions",
+    "decision_violations",
+    "decisions_on",
+    "expected_outcomes",
+    "outcome_violations",
+]
 
 #: The line workers/promotion.py logs when the decision script applied a decision (not when it refused one).
 APPLIED = re.compile(
@@ -52,6 +59,24 @@ def _rejected(decisions: Sequence[Mapping[str, Any]]) -> set[int]:
         first = int(d["version"])
         top = int((d.get("evidence") or {}).get("candidate_version") or first)
         out.update(range(first, max(first, top) + 1))
+    return out
+
+
+def decisions_on(decisions: Sequence[Mapping[str, Any]], version: int, by: str) -> list[Mapping[str, Any]]:
+    """The decisions of ``by`` (``gate``, ``canary``) that decided ``version``. A decision's evidence names the
+    live version it compared with and the candidate it looked at; it decided the chain between them, except the
+    versions a rejection had taken out of it before (a promotion serves the chain above the rejected ones)."""
+    rejected = _rejected(decisions)
+    out = []
+    for d in decisions:
+        evidence = d.get("evidence") or {}
+        if d.get("decided_by") != by or "candidate_version" not in evidence:
+            continue
+        if not int(evidence["baseline_version"]) < version <= int(evidence["candidate_version"]):
+            continue
+        if d.get("action") == "promote" and version in rejected:
+            continue
+        out.append(d)
     return out
 
 

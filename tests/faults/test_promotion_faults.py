@@ -50,6 +50,7 @@ from tests.faults.invariants import Figures, check, observe
 from tests.faults.promotion_checks import (
     applied_decisions,
     decision_violations,
+    decisions_on,
     expected_outcomes,
     outcome_violations,
 )
@@ -149,6 +150,14 @@ def _set_policy(run: Run, ns: str, *args: str) -> None:
     )  # fmt: skip
 
 
+def _decisions(run: Run, ns: str) -> list[dict[str, Any]]:
+    client = run.redis()
+    try:
+        return parse_decisions(client.hgetall(run.keys.decisions(ns)))
+    finally:
+        client.close()
+
+
 def _settle_and_check(
     run: Run, ns: str, fleet: Fleet, producer: Producer, watcher: PromptWatcher, figures: Figures,
     *, decided: Callable[[], bool], gated: bool,
@@ -177,11 +186,7 @@ def _settle_and_check(
     obs = observe(run, [ns], watcher)
     check(run, producer.sent, obs, figures)
     state, head, counted = _state(run, ns)
-    client = run.redis()
-    try:
-        decisions = parse_decisions(client.hgetall(run.keys.decisions(ns)))
-    finally:
-        client.close()
+    decisions = _decisions(run, ns)
     published = [json.loads(s.record.value or b"{}") for s in producer.sent if s.offset is not None]
     expected = expected_outcomes(published)
     applied = applied_decisions((_log(w) for w in run.workers), ns)
@@ -197,6 +202,14 @@ def _settle_and_check(
         "traces_naming_a_version": sum(c.n for c in expected.values()),
         "served": sorted(fleet.served),
     }
+
+
+def _once(figures: Figures, promotion: dict[str, Any], decided: list[dict[str, Any]], version: int) -> None:
+    promotion["decisions_of_the_killed_candidate"] = [d["id"] for d in decided]
+    if len(decided) != 1:
+        figures.violations.append(
+            f"the candidate of the kill (v{version}) has {len(decided)} decisions: {[d['id'] for d in decided]}"
+        )
 
 
 def _report(figures: Figures, promotion: dict[str, Any], started: float, title: str, capsys: Any) -> None:
@@ -220,7 +233,13 @@ GATE_TRACES = 64
 GATE_TASKS = 30
 #: A generator call takes ~0.1 s and the gate asks one at a time: an evaluation (2 × 30 answers) lasts seconds.
 GATE_SIM = {"time_scale": 0.1}
-GATE_WORKERS = {"COMBEE_PROMOTION_GATE_CONCURRENCY": "1", "COMBEE_PROMOTION_GATE_MIN_PAIRS": "20"}
+#: A margin this small lets the simulated candidates' one-answer differences go either way, so the run takes both
+#: verdicts: rejections (and the live content committed again as the next head) as well as promotions.
+GATE_WORKERS = {
+    "COMBEE_PROMOTION_GATE_CONCURRENCY": "1",
+    "COMBEE_PROMOTION_GATE_MIN_PAIRS": "20",
+    "COMBEE_PROMOTION_GATE_MARGIN": "0.02",
+}
 
 
 def _evaluating(w: WorkerProc) -> str | None:
@@ -283,6 +302,13 @@ def test_a_learner_killed_during_a_gate_evaluation(
 
         promotion = _settle_and_check(run, GATE_NS, fleet, producer, watcher, figures, decided=settled, gated=True)
         watcher = None
+        assert candidate is not None
+        _once(
+            figures,
+            promotion,
+            decisions_on(_decisions(run, GATE_NS), int(candidate.lstrip("v")), "gate"),
+            int(candidate.lstrip("v")),
+        )
         evaluations = sum(_log(w).count("gate: evaluated v") for w in run.workers)
         promotion["evaluations_completed"] = evaluations
         if evaluations == 0:
@@ -311,15 +337,6 @@ CANARY_FRACTION = 0.5
 P_ARM, P_LIVE = 0.9, 0.3
 MIN_DECIDED = 20
 CANARY_WORKERS = {"COMBEE_PROMOTION_MIN_DECIDED": str(MIN_DECIDED)}
-
-
-def _covers(decision: dict[str, Any], version: int) -> bool:
-    """Whether ``decision`` is the canary's decision on ``version`` (it promoted or rejected the chain from the
-    version after the live one up to the candidate it looked at)."""
-    evidence = decision.get("evidence") or {}
-    if decision.get("decided_by") != "canary" or "candidate_version" not in evidence:
-        return False
-    return int(evidence["baseline_version"]) < version <= int(evidence["candidate_version"])
 
 
 def test_a_learner_killed_during_a_canary(
@@ -369,25 +386,12 @@ def test_a_learner_killed_during_a_canary(
         figures.faults = {"killed": learner.name, "pending": caught[0], "arm_counted": caught[1], "traces_before": at}
 
         # 2. the run goes on; every trace learned, the candidate of the kill decided; then every check
-        def covering() -> list[dict[str, Any]]:
-            client = run.redis()
-            try:
-                decisions = parse_decisions(client.hgetall(run.keys.decisions(CANARY_NS)))
-            finally:
-                client.close()
-            return [d for d in decisions if _covers(d, caught[0])]
-
         promotion = _settle_and_check(
-            run, CANARY_NS, fleet, producer, watcher, figures, decided=lambda: bool(covering()), gated=False
-        )
+            run, CANARY_NS, fleet, producer, watcher, figures,
+            decided=lambda: bool(decisions_on(_decisions(run, CANARY_NS), caught[0], "canary")), gated=False,
+        )  # fmt: skip
         watcher = None
-        found = covering()
-        promotion["decisions_of_the_killed_candidate"] = [d["id"] for d in found]
-        if len(found) != 1:
-            figures.violations.append(
-                f"the candidate pending at the kill (v{caught[0]}) has {len(found)} canary decisions: "
-                f"{[d['id'] for d in found]}"
-            )
+        _once(figures, promotion, decisions_on(_decisions(run, CANARY_NS), caught[0], "canary"), caught[0])
         _report(figures, promotion, started, f"canary: learner SIGKILLed, v{caught[0]} pending", capsys)
         assert not figures.violations, "\n".join(figures.violations)
     finally:
