@@ -89,12 +89,15 @@ def decision_violations(
     served: Iterable[int] = (),
     served_only_live: bool = False,
     settled: bool = True,
+    by: str | None = None,
 ) -> list[str]:
     """Violations of the decision bookkeeping (see the module docstring). ``decisions``: the records, oldest
     first (:func:`streams.redis_promotion.parse_decisions`); ``state`` and ``head``: the serving state and the
     newest version at the end; ``applied``: :func:`applied_decisions`; ``served``: every version the agents were
     served; ``served_only_live``: the policy serves agents nothing but promoted versions (the gate); ``settled``:
-    every candidate must be decided (nothing pending at the end)."""
+    every candidate must be decided (nothing pending at the end); ``by`` (``gate``, ``canary``): every version
+    after the first one served, up to the head (``settled``) or the live version, must have exactly one decision
+    of ``by`` (:func:`decisions_on`)."""
     v: list[str] = []
     ids = [str(d.get("id")) for d in decisions]
     if state.serial != len(decisions):
@@ -130,6 +133,12 @@ def decision_violations(
         v.append(f"agents were served rejected versions {sorted(seen & rejected)}")
     if served_only_live and not seen <= set(promoted):
         v.append(f"agents were served versions never promoted: {sorted(seen - set(promoted))}")
+    if by is not None and promoted:
+        last = head if settled else (state.live or 0)
+        for version in range(promoted[0] + 1, last + 1):
+            on = [str(d.get("id")) for d in decisions_on(decisions, version, by)]
+            if len(on) != 1:
+                v.append(f"v{version} has {len(on)} decisions of the {by}: {on} (exactly one expected)")
     waiting = pending_candidate(state, head)
     if settled and (waiting is not None or state.live != head):
         v.append(f"not every candidate was decided: head v{head}, live v{state.live}, pending {waiting}")

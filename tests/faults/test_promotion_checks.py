@@ -45,7 +45,7 @@ END = Serving(policy="gate", live=5, previous=4, rejected_through=3, serial=len(
 def test_a_clean_history_passes() -> None:
     applied = applied_decisions([LOG, "unrelated line"], NS)
     assert applied == {"promote/v1": 1, "reject/v2": 1, "promote/v4": 1, "promote/v5": 1}
-    assert decision_violations(CLEAN, END, 5, applied, served=[1, 4, 5], served_only_live=True) == []
+    assert decision_violations(CLEAN, END, 5, applied, served=[1, 4, 5], served_only_live=True, by="gate") == []
     assert [d["id"] for d in decisions_on(CLEAN, 2, "gate")] == ["reject/v2"]  # not the promotion of v4 too
     assert [d["id"] for d in decisions_on(CLEAN, 4, "gate")] == ["promote/v4"]
 
@@ -95,3 +95,17 @@ def test_outcomes_counted_twice_or_lost_are_caught() -> None:
         "outcomes of v2: counted (success, failure, unknown) = (0, 0, 0), the traces say (0, 0, 1)",
         "outcomes of vunknown: counted (success, failure, unknown) = (0, 0, 1), the traces say (0, 0, 0)",
     ]
+
+
+def test_a_version_decided_twice_or_never_is_caught() -> None:
+    twice = [*CLEAN[:-1], _d("promote", 5, 5, at=5.0, live=4), _d("promote", 6, 6, at=6.0, live=4)]
+    state = Serving(policy="gate", live=6, previous=5, rejected_through=3, serial=len(twice))
+    log = LOG + f"\n{NS}: promote v6 by gate under gate (serving v6): x"
+    found = decision_violations(twice, state, 6, applied_decisions([log], NS), by="gate")
+    assert found == ["v5 has 2 decisions of the gate: ['promote/v5', 'promote/v6'] (exactly one expected)"]
+    # v4 promoted over a live v3 that no decision made live: v2 and v3 were never decided
+    never = [*CLEAN[:2], _d("promote", 4, 4, at=4.0, live=3), CLEAN[-1]]
+    log = "\n".join(line for line in LOG.splitlines() if "reject" not in line)
+    state = Serving(policy="gate", live=5, previous=4, serial=len(never))
+    found = decision_violations(never, state, 5, applied_decisions([log], NS), by="gate")
+    assert found == [f"v{v} has 0 decisions of the gate: [] (exactly one expected)" for v in (2, 3)]

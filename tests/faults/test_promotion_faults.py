@@ -160,7 +160,7 @@ def _decisions(run: Run, ns: str) -> list[dict[str, Any]]:
 
 def _settle_and_check(
     run: Run, ns: str, fleet: Fleet, producer: Producer, watcher: PromptWatcher, figures: Figures,
-    *, decided: Callable[[], bool], gated: bool,
+    *, decided: Callable[[], bool], gated: bool, by: str,
 ) -> dict[str, Any]:  # fmt: skip
     """Finish publishing, wait until every trace is learned and ``decided()`` (the decisions the scenario waits
     for are taken), then check everything; the figures' violations say what failed. Returns the promotion
@@ -192,7 +192,7 @@ def _settle_and_check(
     applied = applied_decisions((_log(w) for w in run.workers), ns)
     figures.violations += outcome_violations(expected, counted)
     figures.violations += decision_violations(
-        decisions, state, head, applied, served=fleet.served, served_only_live=gated, settled=gated
+        decisions, state, head, applied, served=fleet.served, served_only_live=gated, settled=gated, by=by
     )
     return {
         "head": head,
@@ -300,7 +300,9 @@ def test_a_learner_killed_during_a_gate_evaluation(
             state, head, _ = _state(run, GATE_NS)
             return head > 0 and state.live == head
 
-        promotion = _settle_and_check(run, GATE_NS, fleet, producer, watcher, figures, decided=settled, gated=True)
+        promotion = _settle_and_check(
+            run, GATE_NS, fleet, producer, watcher, figures, decided=settled, gated=True, by="gate"
+        )
         watcher = None
         assert candidate is not None
         _once(
@@ -389,6 +391,7 @@ def test_a_learner_killed_during_a_canary(
         promotion = _settle_and_check(
             run, CANARY_NS, fleet, producer, watcher, figures,
             decided=lambda: bool(decisions_on(_decisions(run, CANARY_NS), caught[0], "canary")), gated=False,
+            by="canary",
         )  # fmt: skip
         watcher = None
         _once(figures, promotion, decisions_on(_decisions(run, CANARY_NS), caught[0], "canary"), caught[0])
