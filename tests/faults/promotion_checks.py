@@ -5,9 +5,10 @@ decision lines the workers logged when a decision script applied one (workers/pr
 outcome counts in Redis and the traces the scenario's agents published. Each returns violations (empty: it holds):
 
 * :func:`decision_violations` — every recorded decision was applied exactly once (the serving state's ``serial``
-  grows once per applied script, and each decision has exactly one "applied" line in the workers' logs), no version
-  is promoted twice and what is live only moves forward, no promoted, live or served version was rejected, and
-  nothing is left pending at the end (every candidate decided);
+  grows once per applied script, and each decision has exactly one "applied" line in the workers' logs), each
+  version has exactly one decision (:func:`decisions_on`), no version is promoted twice and what is live only moves
+  forward, no promoted or live version was rejected and none was served after its rejection, and nothing is left
+  pending at the end (every candidate decided);
 * :func:`outcome_violations` — the outcome counts per version equal what the published traces say, to the trace.
 """
 
@@ -50,15 +51,19 @@ def applied_decisions(logs: Iterable[str], namespace: str) -> Counter[str]:
     return out
 
 
-def _rejected(decisions: Sequence[Mapping[str, Any]]) -> set[int]:
-    """Versions certainly rejected: each reject from its first version to the candidate its evidence names."""
-    out: set[int] = set()
+def _reject_range(d: Mapping[str, Any]) -> range:
+    """The versions a rejection certainly rejected: from its first version to the candidate its evidence names."""
+    first = int(d["version"])
+    return range(first, max(first, int((d.get("evidence") or {}).get("candidate_version") or first)) + 1)
+
+
+def _rejected(decisions: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """Versions certainly rejected, each with the time of its rejection."""
+    out: dict[int, float] = {}
     for d in decisions:
-        if d.get("action") != "reject":
-            continue
-        first = int(d["version"])
-        top = int((d.get("evidence") or {}).get("candidate_version") or first)
-        out.update(range(first, max(first, top) + 1))
+        if d.get("action") == "reject":
+            for version in _reject_range(d):
+                out.setdefault(version, float(d.get("at") or 0.0))
     return out
 
 
@@ -72,11 +77,13 @@ def decisions_on(decisions: Sequence[Mapping[str, Any]], version: int, by: str) 
         evidence = d.get("evidence") or {}
         if d.get("decided_by") != by or "candidate_version" not in evidence:
             continue
-        if not int(evidence["baseline_version"]) < version <= int(evidence["candidate_version"]):
-            continue
-        if d.get("action") == "promote" and version in rejected:
-            continue
-        out.append(d)
+        if d.get("action") == "reject":
+            decided = version in _reject_range(d)
+        else:  # a promotion serves the chain above the live version, except the versions rejected before
+            chain = int(evidence["baseline_version"]) < version <= int(evidence["candidate_version"])
+            decided = chain and version not in rejected
+        if decided:
+            out.append(d)
     return out
 
 
@@ -86,18 +93,19 @@ def decision_violations(
     head: int,
     applied: Mapping[str, int],
     *,
-    served: Iterable[int] = (),
+    served: Iterable[tuple[float, int]] = (),
     served_only_live: bool = False,
     settled: bool = True,
     by: str | None = None,
 ) -> list[str]:
     """Violations of the decision bookkeeping (see the module docstring). ``decisions``: the records, oldest
     first (:func:`streams.redis_promotion.parse_decisions`); ``state`` and ``head``: the serving state and the
-    newest version at the end; ``applied``: :func:`applied_decisions`; ``served``: every version the agents were
-    served; ``served_only_live``: the policy serves agents nothing but promoted versions (the gate); ``settled``:
+    newest version at the end; ``applied``: :func:`applied_decisions`; ``served``: (wall time an agent asked,
+    version it was served) for every read (a canary's arm is served candidates that are rejected later, but never
+    after); ``served_only_live``: the policy serves agents nothing but promoted versions (the gate); ``settled``:
     every candidate must be decided (nothing pending at the end); ``by`` (``gate``, ``canary``): every version
-    after the first one served, up to the head (``settled``) or the live version, must have exactly one decision
-    of ``by`` (:func:`decisions_on`)."""
+    after the first one served, up to the head (``settled``) or the newest version promoted or rejected, must have
+    exactly one decision of ``by`` (:func:`decisions_on`)."""
     v: list[str] = []
     ids = [str(d.get("id")) for d in decisions]
     if state.serial != len(decisions):
@@ -123,18 +131,20 @@ def decision_violations(
     if any(d.get("action") == "rollback" for d in decisions):
         v.append("a rollback was recorded: the scenario runs without rollback on outcomes")
     rejected = _rejected(decisions)
-    both = sorted(rejected & set(promoted))
+    both = sorted(set(rejected) & set(promoted))
     if both:
         v.append(f"versions {both} were both promoted and rejected")
     if state.live is None or state.live in rejected:
         v.append(f"the live version at the end is v{state.live}, a rejected version or none")
-    seen = set(served)
-    if seen & rejected:
-        v.append(f"agents were served rejected versions {sorted(seen & rejected)}")
+    reads = list(served)
+    late = sorted({version for at, version in reads if version in rejected and at > rejected[version]})
+    if late:
+        v.append(f"agents were served versions after their rejection: {late}")
+    seen = {version for _, version in reads}
     if served_only_live and not seen <= set(promoted):
         v.append(f"agents were served versions never promoted: {sorted(seen - set(promoted))}")
     if by is not None and promoted:
-        last = head if settled else (state.live or 0)
+        last = head if settled else max(state.live or 0, state.rejected_through)
         for version in range(promoted[0] + 1, last + 1):
             on = [str(d.get("id")) for d in decisions_on(decisions, version, by)]
             if len(on) != 1:

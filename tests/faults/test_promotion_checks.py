@@ -45,7 +45,12 @@ END = Serving(policy="gate", live=5, previous=4, rejected_through=3, serial=len(
 def test_a_clean_history_passes() -> None:
     applied = applied_decisions([LOG, "unrelated line"], NS)
     assert applied == {"promote/v1": 1, "reject/v2": 1, "promote/v4": 1, "promote/v5": 1}
-    assert decision_violations(CLEAN, END, 5, applied, served=[1, 4, 5], served_only_live=True, by="gate") == []
+    assert (
+        decision_violations(
+            CLEAN, END, 5, applied, served=[(1.5, 1), (4.5, 4), (9.0, 5)], served_only_live=True, by="gate"
+        )
+        == []
+    )
     assert [d["id"] for d in decisions_on(CLEAN, 2, "gate")] == ["reject/v2"]  # not the promotion of v4 too
     assert [d["id"] for d in decisions_on(CLEAN, 4, "gate")] == ["promote/v4"]
 
@@ -62,12 +67,13 @@ def test_a_promoted_or_served_rejected_version_and_a_pending_candidate_are_caugh
     bad = [*CLEAN, _d("promote", 3, 3, at=6.0, live=5)]  # v3 was rejected, then promoted (and live goes back)
     state = Serving(policy="gate", live=3, previous=5, rejected_through=3, serial=len(bad))
     applied = applied_decisions([LOG, f"{NS}: promote v3 by gate under gate (serving v3): x"], NS)
-    found = decision_violations(bad, state, 6, applied, served=[1, 2, 3], served_only_live=True)
+    served = [(1.5, 1), (2.5, 2), (3.5, 2), (2.9, 3)]  # v2 read after its rejection (at 3.0); v3 before it
+    found = decision_violations(bad, state, 6, applied, served=served, served_only_live=True)
     text = "\n".join(found)
     assert "versions [3] were both promoted and rejected" in text
     assert "from v5 back to v3" in text
     assert "the live version at the end is v3" in text
-    assert "agents were served rejected versions [2, 3]" in text
+    assert "agents were served versions after their rejection: [2]" in text
     assert "never promoted: [2]" in text
     assert "not every candidate was decided: head v6" in text
     assert [d["id"] for d in decisions_on(bad, 3, "gate")] == ["reject/v2"]
@@ -80,7 +86,7 @@ def test_a_decision_lost_between_the_log_and_redis_is_caught() -> None:
 
 
 def test_outcomes_counted_twice_or_lost_are_caught() -> None:
-    traces = [
+    traces: list[dict[str, Any]] = [
         {"playbook_version": 1, "feedback": {"success": True}},
         {"playbook_version": 1, "feedback": {"success": False}},
         {"playbook_version": 2, "feedback": {}},
@@ -109,3 +115,22 @@ def test_a_version_decided_twice_or_never_is_caught() -> None:
     state = Serving(policy="gate", live=5, previous=4, serial=len(never))
     found = decision_violations(never, state, 5, applied_decisions([log], NS), by="gate")
     assert found == [f"v{v} has 0 decisions of the gate: [] (exactly one expected)" for v in (2, 3)]
+
+
+def test_successive_rejections_decide_each_version_once() -> None:
+    """A canary whose arm is worse: v2..v3 rejected, the live content committed as v4, which (and v5) is rejected
+    next: each version has one decision, the second rejection's does not reach back to v2."""
+    canary = [
+        {**d, "decided_by": "canary"}
+        for d in (
+            CLEAN[0],
+            CLEAN[1],
+            _d("reject", 2, 1, at=3.0, live=1, top=3),
+            _d("reject", 4, 1, at=4.0, live=1, top=5),
+        )
+    ]
+    state = Serving(policy="canary", live=1, rejected_through=5, serial=len(canary))
+    log = "\n".join(f"{NS}: {d['action']} v{d['version']} by canary under canary (serving v1): x" for d in canary[1:])
+    assert decision_violations(canary, state, 6, applied_decisions([log], NS), settled=False, by="canary") == []
+    assert [d["id"] for d in decisions_on(canary, 2, "canary")] == ["reject/v2"]
+    assert [d["id"] for d in decisions_on(canary, 5, "canary")] == ["reject/v4"]

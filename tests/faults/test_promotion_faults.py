@@ -11,13 +11,15 @@ and how it went (``feedback.success``).
   seen in the middle of an evaluation (its log says it started and not that it ended) is stopped, checked to be
   still evaluating, SIGKILLed and replaced; the run goes on until every candidate is decided.
 * **canary**: the namespace is under ``canary`` (half the agents in the arm, a small minimum sample); agents of
-  the arm succeed far more often, so the candidates' outcomes decide. The learner is SIGKILLed while a candidate
+  the arm succeed far more often (``better``: candidates promoted) or far less often (``worse``: candidates
+  rejected, the full profile only), so the candidates' outcomes decide. The learner is SIGKILLed while a candidate
   is pending with part of its sample counted, and replaced.
 
 Checked after each: every invariant of the suite (every trace learned exactly once, no window applied twice,
 versions, prompts, no half-applied delta), the outcome counts per version equal to what the published traces say,
 and the decisions (tests/faults/promotion_checks.py): each applied exactly once, no version promoted twice, no
-rejected version promoted, live or served (under the gate agents are served promoted versions only), nothing
+rejected version promoted or live, none served after its rejection (under the gate agents are served promoted
+versions only), nothing
 left pending.
 """
 
@@ -31,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,7 @@ from tests.faults.promotion_checks import (
 )
 from tests.faults.quiet import wait_quiet
 from tests.faults.stack import PrivateStack
-from tests.faults.suite import Settler, figure_lines
+from tests.faults.suite import Profile, Settler, figure_lines
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -87,7 +89,7 @@ class Fleet(threading.Thread):
         super().__init__(daemon=True, name="fleet")
         self.run_, self.producer, self.ns, self.traces, self.rate = run, producer, ns, traces, rate
         self.success, self.fraction = success, fraction
-        self.served: set[int] = set()
+        self.served: list[tuple[float, int]] = []  # (wall time the agent asked, the version it was served)
         self.done = 0
         self.error: BaseException | None = None
         self.hurry = threading.Event()
@@ -108,8 +110,9 @@ class Fleet(threading.Thread):
                 agent = i % AGENTS
                 trace = dict(base)
                 try:
+                    asked = time.time()
                     trace["playbook_version"] = clients[agent].get().version
-                    self.served.add(trace["playbook_version"])
+                    self.served.append((asked, trace["playbook_version"]))
                 except PromptUnavailable:
                     pass  # nothing served yet: the agent runs without a prompt and says so by naming none
                 arm = in_canary_arm(self.ns, f"agent-{agent}", self.fraction)
@@ -200,11 +203,11 @@ def _settle_and_check(
         "decisions": [f"{d['id']} by {d['decided_by']}" for d in decisions if d.get("action") != "policy"],
         "outcomes": {k: [c.success, c.failure, c.unknown] for k, c in sorted(counted.items())},
         "traces_naming_a_version": sum(c.n for c in expected.values()),
-        "served": sorted(fleet.served),
+        "served": sorted({version for _, version in fleet.served}),
     }
 
 
-def _once(figures: Figures, promotion: dict[str, Any], decided: list[dict[str, Any]], version: int) -> None:
+def _once(figures: Figures, promotion: dict[str, Any], decided: Sequence[Mapping[str, Any]], version: int) -> None:
     promotion["decisions_of_the_killed_candidate"] = [d["id"] for d in decided]
     if len(decided) != 1:
         figures.violations.append(
@@ -335,17 +338,24 @@ def test_a_learner_killed_during_a_gate_evaluation(
 CANARY_NS = "fx-canary"
 CANARY_TRACES = 120
 CANARY_FRACTION = 0.5
-#: The arm succeeds 90 % of the time, the others 30 %: the candidates are clearly not worse, and are promoted.
-P_ARM, P_LIVE = 0.9, 0.3
+#: The success rates of (the arm, the other agents). ``better``: the candidates are clearly not worse, and are
+#: promoted. ``worse``: they are rejected, again and again (each rejection commits the live content as the next
+#: head, which the arm is served next); run by the full profile only, to keep the short one (CI) within its time.
+ARMS = {"better": (0.9, 0.3), "worse": (0.2, 0.8)}
 MIN_DECIDED = 20
 CANARY_WORKERS = {"COMBEE_PROMOTION_MIN_DECIDED": str(MIN_DECIDED)}
 
 
+@pytest.mark.parametrize("arm", sorted(ARMS))
 def test_a_learner_killed_during_a_canary(
-    stack: PrivateStack, workdir: Path, api_key: str, capsys: pytest.CaptureFixture[str]
+    arm: str, stack: PrivateStack, workdir: Path, api_key: str, profile: Profile, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = Run(stack, workdir / "canary-kill-1", "canary-kill", api_key=api_key, env_extra={**WORKERS, **CANARY_WORKERS})
-    figures = Figures(scenario="canary-kill")
+    if arm == "worse" and profile.name != "full":
+        pytest.skip("the canary whose arm is worse runs in the full profile (COMBEE_FAULTS=full)")
+    p_arm, p_live = ARMS[arm]
+    name = f"canary-{arm}"
+    run = Run(stack, workdir / f"{name}-1", name, api_key=api_key, env_extra={**WORKERS, **CANARY_WORKERS})
+    figures = Figures(scenario=name)
     started = time.monotonic()
     traces, _, _ = generate_traces(CANARY_TRACES, 25, namespace=CANARY_NS, world="formula", test_n=0)
     arms = sum(in_canary_arm(CANARY_NS, f"agent-{i}", CANARY_FRACTION) for i in range(AGENTS))
@@ -363,7 +373,7 @@ def test_a_learner_killed_during_a_canary(
         producer = run.producer()
         fleet = Fleet(
             run, producer, CANARY_NS, traces, rate=3.0, fraction=CANARY_FRACTION,
-            success=lambda arm: P_ARM if arm else P_LIVE,
+            success=lambda in_arm: p_arm if in_arm else p_live,
         )  # fmt: skip
         fleet.start()
 
@@ -374,9 +384,9 @@ def test_a_learner_killed_during_a_canary(
             run.check_no_crash()
             state, head, counts = _state(run, CANARY_NS)
             pending = pending_candidate(state, head)
-            arm = candidate_counts(state, head, counts).n if pending is not None else 0
-            if pending is not None and state.live is not None and 3 <= arm < MIN_DECIDED:
-                caught = pending, arm
+            sample = candidate_counts(state, head, counts).n if pending is not None else 0
+            if pending is not None and state.live is not None and 3 <= sample < MIN_DECIDED:
+                caught = pending, sample
             else:
                 time.sleep(0.1)
         assert caught is not None, f"no candidate was seen gathering its sample:\n{learner.tail(30)}"
@@ -395,7 +405,7 @@ def test_a_learner_killed_during_a_canary(
         )  # fmt: skip
         watcher = None
         _once(figures, promotion, decisions_on(_decisions(run, CANARY_NS), caught[0], "canary"), caught[0])
-        _report(figures, promotion, started, f"canary: learner SIGKILLed, v{caught[0]} pending", capsys)
+        _report(figures, promotion, started, f"canary ({arm} arm): learner SIGKILLed, v{caught[0]} pending", capsys)
         assert not figures.violations, "\n".join(figures.violations)
     finally:
         if watcher is not None:
