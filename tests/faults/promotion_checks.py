@@ -25,6 +25,7 @@ from combee.serving import Serving, pending_candidate
 
 __all__ = [
     "APPLIED",
+    "RECORDED_WITHIN_S",
     "applied_decisions",
     "decision_violations",
     "decisions_on",
@@ -32,6 +33,9 @@ __all__ = [
     "outcome_violations",
 ]
 
+#: A decision's ``at`` is the time its check began, a moment before the decision script ran (the gate's: before its
+#: evaluation too). A read that began this long after ``at`` began after the decision was recorded.
+RECORDED_WITHIN_S = 2.0
 #: The line workers/promotion.py logs when the decision script applied a decision (not when it refused one).
 APPLIED = re.compile(
     r"(?P<ns>\S+): (?P<action>promote|reject|rollback) v(?P<version>\d+) by (?P<by>\S+) under (?P<policy>\w+) "
@@ -137,7 +141,9 @@ def decision_violations(
     if state.live is None or state.live in rejected:
         v.append(f"the live version at the end is v{state.live}, a rejected version or none")
     reads = list(served)
-    late = sorted({version for at, version in reads if version in rejected and at > rejected[version]})
+    late = sorted(
+        {version for at, version in reads if version in rejected and at > rejected[version] + RECORDED_WITHIN_S}
+    )
     if late:
         v.append(f"agents were served versions after their rejection: {late}")
     seen = {version for _, version in reads}

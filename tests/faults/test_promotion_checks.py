@@ -67,7 +67,7 @@ def test_a_promoted_or_served_rejected_version_and_a_pending_candidate_are_caugh
     bad = [*CLEAN, _d("promote", 3, 3, at=6.0, live=5)]  # v3 was rejected, then promoted (and live goes back)
     state = Serving(policy="gate", live=3, previous=5, rejected_through=3, serial=len(bad))
     applied = applied_decisions([LOG, f"{NS}: promote v3 by gate under gate (serving v3): x"], NS)
-    served = [(1.5, 1), (2.5, 2), (3.5, 2), (2.9, 3)]  # v2 read after its rejection (at 3.0); v3 before it
+    served = [(1.5, 1), (2.5, 2), (3.5, 2), (5.5, 2), (2.9, 3)]  # v2 read well after its rejection at 3.0
     found = decision_violations(bad, state, 6, applied, served=served, served_only_live=True)
     text = "\n".join(found)
     assert "versions [3] were both promoted and rejected" in text
