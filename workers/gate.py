@@ -118,6 +118,10 @@ async def gate_decision(ctx: StageContext, namespace: str, state: Serving, head:
             "%s: gate: the live v%d's answers to %d of the tasks kept from before", namespace, live.version, reused
         )
     pairs = await evaluate(ctx.llm, tasks, cand, live, concurrency=rule.concurrency, known=known)
+    log.info(
+        "%s: gate: evaluated v%d against the live v%d: %d of %d tasks right with the candidate, %d with the live",
+        namespace, candidate, state.live, pairs.both + pairs.candidate_only, pairs.n, pairs.both + pairs.baseline_only,
+    )  # fmt: skip
     graders = dict(sorted(Counter(t.grader for t in tasks).items()))
     validation = {"source": source, "tasks": len(tasks), "graders": graders}
     return decide_gate(state, candidate, pairs, rule, at=now, validation=validation)

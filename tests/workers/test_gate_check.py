@@ -168,6 +168,21 @@ async def test_an_equally_good_candidate_is_promoted_once() -> None:
     assert await check_namespace(ctx, rt, 11.0) is None
 
 
+async def test_an_evaluation_is_logged_when_it_starts_and_when_it_has_every_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fault suite finds an evaluation in flight from these two lines (tests/faults/test_promotion_faults.py)."""
+    kafka, promotion = MemoryKafka(), gated()
+    ctx, rt = worker(kafka, ScriptedLLM(per_playbook), promotion, MemoryStore(versions(BAD_LESSON)))
+    with caplog.at_level("INFO", logger="combee.worker.gate"):
+        await check_namespace(ctx, rt, 10.0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "combee.worker.gate"]
+    assert lines == [
+        f"{NS}: gate: evaluating v4 against the live v3 on 30 tasks",
+        f"{NS}: gate: evaluated v4 against the live v3: 3 of 30 tasks right with the candidate, 30 with the live",
+    ]
+
+
 async def test_a_validation_set_below_the_minimum_waits_without_asking_the_model() -> None:
     kafka, promotion, llm = MemoryKafka(), gated(), ScriptedLLM(per_playbook)
     ctx, rt = worker(kafka, llm, promotion, MemoryStore(versions(BAD_LESSON)), tasks=numbered(5))
