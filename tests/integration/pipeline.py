@@ -119,11 +119,16 @@ class Pipeline:
     def create_topics(self, timeout_s: float = 120.0) -> None:
         """``combee topics create`` with this pipeline's settings, as a deployment does before any worker or
         publisher starts (a publisher that finds no topic fails at once: it does not wait for a worker)."""
+        self.cli("topics", "create", timeout_s=timeout_s)
+
+    def cli(self, *args: str, timeout_s: float = 120.0, **env: str) -> subprocess.CompletedProcess[str]:
+        """``combee ARGS`` with this pipeline's settings (and ``env`` on top); asserts it exits 0."""
         done = subprocess.run(
-            [sys.executable, "-m", "combee.cli", "topics", "create"], env=self.env(), capture_output=True,
-            text=True, timeout=timeout_s, check=False,
+            [sys.executable, "-m", "combee.cli", *args], env=self.env(**env), capture_output=True, text=True,
+            timeout=timeout_s, check=False,
         )  # fmt: skip
-        assert done.returncode == 0, f"combee topics create failed ({done.returncode}): {done.stderr}"
+        assert done.returncode == 0, f"combee {' '.join(args)} failed ({done.returncode}): {done.stderr}"
+        return done
 
     def start_worker(self, *args: str, **env: str) -> Worker:
         log = self.tmp / f"worker-{len(self.workers)}.log"

@@ -8,8 +8,6 @@ producer of the others."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,15 +18,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900
 
 NS = "ns-signed"
 KEY = "agent-seven-key-0123456789abcdef"
-
-
-def _combee(pipe: Pipeline, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "combee.cli", *args], env=pipe.env(**env), capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, f"combee {' '.join(args)} failed ({done.returncode}): {done.stderr}"
-    return done
 
 
 def test_a_signed_traces_lesson_names_its_producer_and_an_unsigned_one_is_dead_lettered(
@@ -43,7 +32,7 @@ def test_a_signed_traces_lesson_names_its_producer_and_an_unsigned_one_is_dead_l
     traces, _ = pipe.traces(12, seed=5, namespace=NS)  # SIMULATED traces: hidden insights the sim reflects on
     signed_file = tmp_path / "signed.jsonl"
     signed_file.write_text("".join(json.dumps(t) + "\n" for t in traces[:10]))
-    out = _combee(pipe, "publish", "--traces", str(signed_file), "--producer", "agent-7", COMBEE_PRODUCER_KEY=KEY)
+    out = pipe.cli("publish", "--traces", str(signed_file), "--producer", "agent-7", COMBEE_PRODUCER_KEY=KEY)
     assert "signed as agent-7" in out.stdout
     unsigned = [dict(t, metadata={"producer": "agent-7"}) for t in traces[10:]]  # claims agent-7, no signature
     pipe.publish_traces(unsigned)
@@ -57,15 +46,15 @@ def test_a_signed_traces_lesson_names_its_producer_and_an_unsigned_one_is_dead_l
     taught = [b for b in bullets if b.sources]
     assert taught and all(b.verified_producers == ("agent-7",) for b in taught)
 
-    diff = _combee(pipe, "prompt", "diff", NS, "--from", "0").stdout
+    diff = pipe.cli("prompt", "diff", NS, "--from", "0").stdout
     assert f"{NS}: v0 -> v" in diff
     assert "verified producers: agent-7" in diff
-    as_json = json.loads(_combee(pipe, "prompt", "diff", NS, "--from", "0", "--json").stdout)
+    as_json = json.loads(pipe.cli("prompt", "diff", NS, "--from", "0", "--json").stdout)
     assert {tuple(c["producers"]) for c in as_json["changes"] if c["traces"]} == {("agent-7",)}
 
     # A replay leaves out what the live run refused and keeps the producers verified for the source namespace.
     copy = f"{NS}-copy"
-    replayed = _combee(pipe, "replay", "--namespace", NS, "--into", copy, "--wait", "--timeout", "600").stdout
+    replayed = pipe.cli("replay", "--namespace", NS, "--into", copy, "--wait", "--timeout", "600").stdout
     assert "replaying 10 traces" in replayed and "2 traces the producer identity policy refuses left out" in replayed
     copied = [b for b in pipe.published_playbook(copy).bullets if b.sources]
     assert copied and all(b.verified_producers == ("agent-7",) for b in copied)
