@@ -121,13 +121,16 @@ class Pipeline:
         publisher starts (a publisher that finds no topic fails at once: it does not wait for a worker)."""
         self.cli("topics", "create", timeout_s=timeout_s)
 
-    def cli(self, *args: str, timeout_s: float = 120.0, **env: str) -> subprocess.CompletedProcess[str]:
-        """``combee ARGS`` with this pipeline's settings (and ``env`` on top); asserts it exits 0."""
+    def cli(
+        self, *args: str, check: bool = True, timeout_s: float = 180.0, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``combee ARGS`` with this pipeline's settings (and ``env`` on top). ``check``: assert it exits 0 (with
+        its stderr in the message); otherwise the caller reads the exit code."""
         done = subprocess.run(
             [sys.executable, "-m", "combee.cli", *args], env=self.env(**env), capture_output=True, text=True,
             timeout=timeout_s, check=False,
         )  # fmt: skip
-        assert done.returncode == 0, f"combee {' '.join(args)} failed ({done.returncode}): {done.stderr}"
+        assert not check or done.returncode == 0, f"combee {' '.join(args)} failed ({done.returncode}): {done.stderr}"
         return done
 
     def start_worker(self, *args: str, **env: str) -> Worker:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -32,13 +30,6 @@ ARTIFACTS = ROOT / "var" / "test-artifacts" / "health"
 LEARNED, LATE = "health-live", "health-late"
 
 
-def combee(pipe: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "combee.cli", *args], env=pipe.env(), capture_output=True, text=True, timeout=180,
-        check=False,
-    )  # fmt: skip
-
-
 def test_an_llm_outage_shows_and_prompt_get_knows_why_there_is_no_prompt(pipe: Pipeline, ui: str) -> None:  # noqa: F811
     assert pipe.sim is not None
     endpoint = pipe.sim.base_url
@@ -46,13 +37,15 @@ def test_an_llm_outage_shows_and_prompt_get_knows_why_there_is_no_prompt(pipe: P
     pipe.start_worker(COMBEE_EMBEDDINGS="off")  # the default health interval (5 s)
     pipe.publish_traces(traces, pace_s=0.01)
     pipe.wait_learned({LEARNED: 8})
-    wait_until(lambda: f"llm {endpoint}: up" in combee(pipe, "status").stdout, 60, "the worker's health report")
+    wait_until(
+        lambda: f"llm {endpoint}: up" in pipe.cli("status", check=False).stdout, 60, "the worker's health report"
+    )
 
     port = pipe.sim.port
     stopped, stopped_wall = time.monotonic(), time.time()  # the server stops answering during stop()
     pipe.sim.stop()
     down = f"llm {endpoint}: DOWN"
-    wait_until(lambda: down in combee(pipe, "status").stdout, 60, "the outage in combee status", poll_s=0.2)
+    wait_until(lambda: down in pipe.cli("status", check=False).stdout, 60, "the outage in combee status", poll_s=0.2)
     in_status = time.monotonic() - stopped
 
     def on_page() -> bool:
@@ -62,7 +55,7 @@ def test_an_llm_outage_shows_and_prompt_get_knows_why_there_is_no_prompt(pipe: P
 
     wait_until(on_page, 60, "the outage on the web page", poll_s=0.2)
     on_page_s = time.monotonic() - stopped
-    (report,) = json.loads(combee(pipe, "status", "--json").stdout)["workers"]
+    (report,) = json.loads(pipe.cli("status", "--json", check=False).stdout)["workers"]
     timings = {
         "health_interval_s": 5.0,
         "outage_to_detected_s": round(report["dependencies"]["llm"]["since"] - stopped_wall, 1),
@@ -78,25 +71,27 @@ def test_an_llm_outage_shows_and_prompt_get_knows_why_there_is_no_prompt(pipe: P
     # A namespace whose traces arrive during the outage: known (exit 5), its window waiting on the LLM
     late, _ = pipe.traces(6, 4, LATE)
     pipe.publish_traces(late, pace_s=0.01)
-    wait_until(lambda: combee(pipe, "prompt", "get", LATE).returncode == 5, 60, f"{LATE} known, not learned")
-    got = combee(pipe, "prompt", "get", LATE)
+    wait_until(lambda: pipe.cli("prompt", "get", LATE, check=False).returncode == 5, 60, f"{LATE} known, not learned")
+    got = pipe.cli("prompt", "get", LATE, check=False)
     assert got.stderr.startswith(f"combee: error: namespace '{LATE}' has nothing learned yet") and got.stdout == ""
     assert got.stderr.count("\n") == 1 and f"combee prompt get {LATE} --wait" in got.stderr
-    wait_until(lambda: "holds up 1 window" in combee(pipe, "status").stdout, 60, "the waiting window in the outage")
-    text = combee(pipe, "status").stdout
+    wait_until(
+        lambda: "holds up 1 window" in pipe.cli("status", check=False).stdout, 60, "the waiting window in the outage"
+    )
+    text = pipe.cli("status", check=False).stdout
     assert f"{LATE}: no version published yet" in text and "None" not in text, text
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is not None:
         Browser(browser, pipe.tmp / "chromium").screenshot(ui + "/", ARTIFACTS / "outage.png")
 
     for verb in (("prompt", "get", "never-seen"), ("status", "never-seen")):
-        unknown = combee(pipe, *verb)
+        unknown = pipe.cli(*verb, check=False)
         assert unknown.returncode == 6 and unknown.stderr.count("\n") == 1, unknown.stderr
         assert unknown.stderr.startswith("combee: error: unknown namespace 'never-seen'"), unknown.stderr
 
     # The endpoint back on the same port: --wait returns the first version, and the outage is over
     pipe.sim = SimProcess(SimConfig(seed=pipe.sim_seed, time_scale=pipe.time_scale), world="combee", port=port)
     pipe.sim.start(timeout=120)
-    waited = combee(pipe, "prompt", "get", LATE, "--wait", "150")
+    waited = pipe.cli("prompt", "get", LATE, "--wait", "150", check=False)
     assert waited.returncode == 0 and waited.stdout.strip(), waited.stderr
-    wait_until(lambda: f"llm {endpoint}: up" in combee(pipe, "status").stdout, 60, "the outage to end")
+    wait_until(lambda: f"llm {endpoint}: up" in pipe.cli("status", check=False).stdout, 60, "the outage to end")

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import urllib.request
 from collections.abc import AsyncIterator
 
@@ -97,14 +95,6 @@ def name_versions(traces: list[dict], live: int, seed: int) -> tuple[list[dict],
     return out, expected
 
 
-def combee(pipe: Pipeline, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "combee.cli", *args], env=pipe.env(), capture_output=True, text=True, timeout=120,
-        check=True,
-    )  # fmt: skip
-    return done.stdout
-
-
 def traces_committed(pipe: Pipeline) -> int:
     admin = KafkaAdminClient(bootstrap_servers=pipe.bootstrap)
     try:
@@ -166,9 +156,9 @@ def test_outcomes_are_exact_through_a_kill_and_a_full_reread(pipe: Pipeline) -> 
     wait_until(lambda: traces_committed(pipe) == total, 180, "every trace read and acknowledged again")
     assert counted(pipe, ns) == expected  # nothing counted twice
 
-    status = json.loads(combee(pipe, "status", ns, "--json"))["namespaces"][0]["outcomes"]
+    status = json.loads(pipe.cli("status", ns, "--json").stdout)["namespaces"][0]["outcomes"]
     assert {k: v["n"] for k, v in status.items()} == {k: c.n for k, c in expected.items()}
-    history = combee(pipe, "prompt", "history", ns, "--limit", "1000")
+    history = pipe.cli("prompt", "history", ns, "--limit", "1000").stdout
     for key, counts in expected.items():
         assert describe(counts) in history, key
 

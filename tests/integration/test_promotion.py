@@ -4,8 +4,6 @@ only the agents of the arm are served the candidate."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,13 +32,6 @@ def pipe(tmp_path: Path) -> Iterator[Pipeline]:
         p.close()
 
 
-def combee(pipe: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "combee.cli", *args], env=pipe.env(), capture_output=True, text=True, timeout=180,
-        check=True,
-    )  # fmt: skip
-
-
 def served(pipe: Pipeline, agent_id: str | None = None) -> int | None:
     with PromptClient(pipe.redis_url, NS, key_prefix=pipe.prefix, max_age_s=0, agent_id=agent_id) as client:
         try:
@@ -59,7 +50,7 @@ def test_manual_promote_and_reject_then_a_canary_serves_only_its_arm(pipe: Pipel
     assert head >= 1
     assert served(pipe) is None and served(pipe, "agent-1") is None  # nothing promoted: nothing served
 
-    out = combee(pipe, "prompt", "promote", NS, str(head), "--actor", "ana").stdout
+    out = pipe.cli("prompt", "promote", NS, str(head), "--actor", "ana").stdout
     assert f"promote v{head} by operator:ana under manual" in out
     assert served(pipe) == head and served(pipe, "agent-1") == head
 
@@ -69,10 +60,10 @@ def test_manual_promote_and_reject_then_a_canary_serves_only_its_arm(pipe: Pipel
     candidate = pipe.current_version(NS)
     assert candidate > head
     assert {served(pipe, f"agent-{i}") for i in range(20)} == {head}  # the candidate reaches no agent
-    history = combee(pipe, "prompt", "history", NS).stdout
+    history = pipe.cli("prompt", "history", NS).stdout
     assert f"policy manual: live v{head}, candidate v{candidate} pending" in history
 
-    out = combee(pipe, "prompt", "reject", NS, str(candidate), "--actor", "ana").stdout
+    out = pipe.cli("prompt", "reject", NS, str(candidate), "--actor", "ana").stdout
     assert f"reject v{candidate} by operator:ana" in out
     wait_until(lambda: pipe.current_version(NS) == candidate + 1, 60, "the head returned to the live playbook")
     assert pipe.published_playbook(NS).bullets == pipe.published_playbook(NS, head).bullets
@@ -81,7 +72,7 @@ def test_manual_promote_and_reject_then_a_canary_serves_only_its_arm(pipe: Pipel
     restore = pipe.deltas(NS)[-1]
     assert restore.window_id == f"{NS}/reject/v{candidate}" and restore.rollback_to == head
 
-    combee(pipe, "prompt", "policy", NS, "canary", "--fraction", "0.3")
+    pipe.cli("prompt", "policy", NS, "canary", "--fraction", "0.3")
     restored = candidate + 1  # a candidate again (the live content under a new number): the canary serves it
     agents = [f"agent-{i}" for i in range(300)]
     got = {a: served(pipe, a) for a in agents}
@@ -89,5 +80,5 @@ def test_manual_promote_and_reject_then_a_canary_serves_only_its_arm(pipe: Pipel
     assert all(got[a] == restored for a in arm)
     assert all(got[a] == head for a in agents if a not in arm)  # outside the arm: never the candidate
     assert abs(len(arm) / len(agents) - 0.3) < 0.1
-    decisions = combee(pipe, "prompt", "history", NS).stdout
+    decisions = pipe.cli("prompt", "history", NS).stdout
     assert "policy canary (fraction 0.3)" in decisions
