@@ -31,7 +31,6 @@ travel with them, so the caller can acknowledge a feedback record only once the 
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,12 +44,13 @@ from combee.identity import (
     MIN_KEY_CHARS,
     UNKNOWN_PRODUCER,
     UNSIGNED,
-    VERIFIED,
     IdentityPolicy,
     Verification,
+    check_producer_id,
+    check_signed,
 )
-from combee.models import PRODUCER_ID_PATTERN, Feedback, Namespace, ProducerId, Trace, TraceId
-from combee.signing import canonical_json, hmac_hex, signature_matches
+from combee.models import Feedback, Namespace, ProducerId, Trace, TraceId
+from combee.signing import canonical_json, hmac_hex
 
 __all__ = [
     "AGENT",
@@ -106,9 +106,6 @@ TIMED_OUT = "timed_out"  # a trace whose feedback did not come in wait_s
 REFUSED = "refused"  # a feedback record verify_feedback refused (reason: one of REFUSALS)
 OUTCOMES = (JOINED, EARLY, DUPLICATE, LATE, EXPIRED, IGNORED, TIMED_OUT, REFUSED)
 
-_SIGNATURE_RE = re.compile(r"^[0-9a-f]{64}$")
-_PRODUCER_ID_RE = re.compile(PRODUCER_ID_PATTERN)
-
 
 class FeedbackRecord(BaseModel):
     """How trace ``trace_id`` of ``namespace`` went, said by ``producer`` (not the agent), signed with its key.
@@ -136,8 +133,7 @@ def canonical_feedback(record: FeedbackRecord) -> bytes:
 def sign_feedback(record: FeedbackRecord, producer: str, key: bytes) -> FeedbackRecord:
     """``record`` naming ``producer`` and signed with ``key``. Raises ConfigError for an invalid producer id or a
     key shorter than :data:`combee.identity.MIN_KEY_CHARS`."""
-    if not _PRODUCER_ID_RE.fullmatch(producer):
-        raise ConfigError(f"invalid producer id {producer[:80]!r}: use 1-64 letters, digits, '.', '_' or '-'")
+    check_producer_id(producer)
     if len(key) < MIN_KEY_CHARS:
         raise ConfigError(f"a producer key needs at least {MIN_KEY_CHARS} characters")
     named = record.model_copy(update={"producer": producer, "signature": None})
@@ -151,24 +147,11 @@ def verify_feedback(record: FeedbackRecord, policy: IdentityPolicy) -> Verificat
     where = f"feedback for trace {record.trace_id!r} of {record.namespace!r}"
     if record.signature is None:
         return Verification(UNSIGNED, None, True, f"{UNSIGNED}: {where} is not signed")
-    known = policy.keys.get(record.producer) if record.producer is not None else None
-    if known is None:
-        who = "names no producer" if record.producer is None else f"names {record.producer!r}, which has no key here"
-        return Verification(UNKNOWN_PRODUCER, None, True, f"{UNKNOWN_PRODUCER}: {where} {who}")
-    if not _SIGNATURE_RE.fullmatch(record.signature):
-        return Verification(BAD_SIGNATURE, None, True, f"{BAD_SIGNATURE}: {where} has a malformed signature")
-    if not signature_matches(record.signature, known.key.get_secret_value().encode(), canonical_feedback(record)):
-        return Verification(
-            BAD_SIGNATURE, None, True, f"{BAD_SIGNATURE}: {where} does not match {record.producer!r}'s signature"
-        )
-    if not known.allows_feedback(record.namespace):
-        return Verification(
-            NOT_ALLOWED,
-            None,
-            True,
-            f"{NOT_ALLOWED}: producer {record.producer!r} may not send feedback for {record.namespace!r} ({where})",
-        )
-    return Verification(VERIFIED, record.producer)
+    return check_signed(
+        policy, record.producer, record.signature, canonical_feedback(record), where,
+        allowed=lambda key: key.allows_feedback(record.namespace),
+        refusal=(NOT_ALLOWED, f"send feedback for {record.namespace!r}"),
+    )  # fmt: skip
 
 
 def with_trusted_feedback(trace: Trace, record: FeedbackRecord | None) -> Trace:

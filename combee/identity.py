@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pydantic import SecretStr
@@ -56,6 +56,8 @@ __all__ = [
     "TraceSigner",
     "Verification",
     "canonical_trace",
+    "check_producer_id",
+    "check_signed",
     "counted_producer",
     "parse_producer_keys",
     "parse_required",
@@ -139,8 +141,7 @@ def canonical_trace(trace: Trace) -> bytes:
 def sign_trace(trace: Trace, producer: str, key: bytes) -> Trace:
     """``trace`` naming ``producer`` in its metadata and signed with ``key``. Raises ConfigError for a producer
     id that is not 1-64 letters, digits, ``.``, ``_`` or ``-``, or an empty key."""
-    if not _PRODUCER_ID_RE.fullmatch(producer):
-        raise ConfigError(f"invalid producer id {producer[:80]!r}: use 1-64 letters, digits, '.', '_' or '-'")
+    check_producer_id(producer)
     if not key:
         raise ConfigError("a producer key is empty")
     named = {k: v for k, v in trace.metadata.items() if k != SIGNATURE_KEY}
@@ -166,8 +167,7 @@ class TraceSigner:
             return None
         if not producer or not secret:
             raise ConfigError("signing traces needs both a producer id and its key (COMBEE_PRODUCER_ID/_KEY)")
-        if not _PRODUCER_ID_RE.fullmatch(producer):
-            raise ConfigError(f"invalid producer id {producer[:80]!r}: use 1-64 letters, digits, '.', '_' or '-'")
+        check_producer_id(producer)
         if len(secret) < MIN_KEY_CHARS:
             raise ConfigError(f"a producer key needs at least {MIN_KEY_CHARS} characters")
         return cls(producer, SecretStr(secret))
@@ -185,7 +185,27 @@ def verify_trace(trace: Trace, policy: IdentityPolicy) -> Verification:
         if policy.requires_signature(trace.namespace):
             return Verification(UNSIGNED, None, True, f"{UNSIGNED}: {where} is not signed (COMBEE_REQUIRE_SIGNED)")
         return Verification(UNSIGNED)
-    claimed = producer_of(trace)
+    return check_signed(
+        policy, producer_of(trace), signature, canonical_trace(trace), where,
+        allowed=lambda key: key.allows(trace.namespace),
+        refusal=(NAMESPACE_NOT_ALLOWED, f"sign traces of {trace.namespace!r}"),
+    )  # fmt: skip
+
+
+def check_signed(
+    policy: IdentityPolicy,
+    claimed: str | None,
+    signature: object,
+    payload: bytes,
+    where: str,
+    *,
+    allowed: Callable[[ProducerKey], bool],
+    refusal: tuple[str, str],
+) -> Verification:
+    """The checks every signed record passes (a trace, a feedback record): the producer it names (``claimed``)
+    has a key here, ``signature`` is well formed and matches ``payload`` under that key, and ``allowed`` grants
+    that producer what the record does; ``refusal`` is (reason, "may not ..." text) when it does not. ``where``
+    names the record in the messages. Never raises."""
     known = policy.keys.get(claimed) if claimed is not None else None
     if known is None:
         who = "names no producer" if claimed is None else f"names producer {claimed!r}, which has no key here"
@@ -193,18 +213,22 @@ def verify_trace(trace: Trace, policy: IdentityPolicy) -> Verification:
     key = known.key.get_secret_value().encode()
     if not isinstance(signature, str) or not _SIGNATURE_RE.fullmatch(signature):
         return Verification(BAD_SIGNATURE, None, True, f"{BAD_SIGNATURE}: {where} has a malformed signature")
-    if not signature_matches(signature, key, canonical_trace(trace)):
+    if not signature_matches(signature, key, payload):
         return Verification(
             BAD_SIGNATURE, None, True, f"{BAD_SIGNATURE}: {where} does not match producer {claimed!r}'s signature"
         )
-    if not known.allows(trace.namespace):
-        return Verification(
-            NAMESPACE_NOT_ALLOWED,
-            None,
-            True,
-            f"{NAMESPACE_NOT_ALLOWED}: producer {claimed!r} may not sign traces of {trace.namespace!r} ({where})",
-        )
+    if not allowed(known):
+        reason, what = refusal
+        return Verification(reason, None, True, f"{reason}: producer {claimed!r} may not {what} ({where})")
     return Verification(VERIFIED, claimed)
+
+
+def check_producer_id(producer: str, source: str = "") -> None:
+    """Raise ConfigError unless ``producer`` is a valid producer id (1-64 letters, digits, ``.``, ``_``, ``-``);
+    ``source`` prefixes the message."""
+    if not _PRODUCER_ID_RE.fullmatch(producer):
+        where = f"{source}: " if source else ""
+        raise ConfigError(f"{where}invalid producer id {producer[:80]!r}: use 1-64 letters, digits, '.', '_' or '-'")
 
 
 def counted_producer(trace: Trace, verified: str | None, policy: IdentityPolicy) -> str | None:
@@ -238,8 +262,7 @@ def parse_producer_keys(text: str, source: str = "the producer keys file") -> di
 
 
 def _producer_key(producer: str, entry: object, source: str) -> ProducerKey:
-    if not _PRODUCER_ID_RE.fullmatch(producer):
-        raise ConfigError(f"{source}: invalid producer id {producer[:80]!r}: use 1-64 letters, digits, '.', '_', '-'")
+    check_producer_id(producer, source)
     if not isinstance(entry, dict) or set(entry) - {"key", "namespaces", "feedback"}:
         raise ConfigError(
             f'{source}: producer {producer!r} must map to {{"key": ..., "namespaces": [...], "feedback": [...]}}'
