@@ -31,7 +31,7 @@ travel with them, so the caller can acknowledge a feedback record only once the 
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
@@ -258,6 +258,7 @@ class FeedbackJoin(Generic[T, F]):
     _waiting: dict[tuple[str, str], list[_Waiting[T, F]]] = field(default_factory=dict)
     _early: OrderedDict[tuple[str, str], _Early[F]] = field(default_factory=OrderedDict)
     _recent: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
+    _counts: Counter[str] = field(default_factory=Counter)  # waiting traces per namespace
 
     def add_trace(self, namespace: str, partition: int, trace_id: str, item: T, now: float) -> None:
         """A trace of a trusted-feedback namespace arrived (in offset order for its namespace and partition); it
@@ -268,6 +269,7 @@ class FeedbackJoin(Generic[T, F]):
             waiting.record, waiting.feedback_item = early.record, early.item
         self._queues.setdefault((namespace, partition), deque()).append(waiting)
         self._waiting.setdefault((namespace, trace_id), []).append(waiting)
+        self._counts[namespace] += 1
 
     def offer(self, record: FeedbackRecord, item: F, now: float) -> Offered[F]:
         """A verified feedback record arrived. JOINED: the waiting trace(s) of its id take it (``item`` is done
@@ -313,7 +315,7 @@ class FeedbackJoin(Generic[T, F]):
 
     def waiting(self, namespace: str) -> int:
         """How many traces of ``namespace`` wait (they count in its buffer)."""
-        return sum(len(q) for (ns, _), q in self._queues.items() if ns == namespace)
+        return self._counts.get(namespace, 0)
 
     def early(self) -> int:
         return len(self._early)
@@ -339,6 +341,9 @@ class FeedbackJoin(Generic[T, F]):
 
     def _forget_waiting(self, namespace: str, w: _Waiting[T, F], remember: bool = True) -> None:
         key = (namespace, w.trace_id)
+        self._counts[namespace] -= 1
+        if not self._counts[namespace]:
+            del self._counts[namespace]
         rest = [x for x in self._waiting.get(key, []) if x is not w]
         if rest:
             self._waiting[key] = rest

@@ -129,6 +129,11 @@ class StageContext:
         f = self.config.feedback
         self.feedback_join = FeedbackJoin(f.wait_s, f.early_s, f.early_limit)
 
+    def buffered(self, rt: NamespaceRuntime) -> int:
+        """Traces of ``rt``'s namespace taken and not yet in a window: in its buffers, or waiting in the join for
+        their trusted feedback (workers/feedback.py); what backpressure and eviction count."""
+        return rt.buffered() + self.feedback_join.waiting(rt.namespace)
+
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run ``coro`` in the background, keeping a reference until it finishes."""
         task = asyncio.ensure_future(coro)

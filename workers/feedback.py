@@ -88,7 +88,6 @@ async def buffer_trace(ctx: StageContext, rt: NamespaceRuntime, item: Buffered, 
         _buffer(ctx, rt, item, partition)
         return
     ctx.feedback_join.add_trace(rt.namespace, partition, item.trace.trace_id, item, time.monotonic())
-    rt.awaiting_feedback += 1
     await release_joined(ctx)
 
 
@@ -104,8 +103,6 @@ async def release_joined(ctx: StageContext, now: float | None = None) -> int:
     for r in released:
         item, ns = r.item, r.item.trace.namespace
         rt = ctx.runtimes.get(ns)
-        if rt is not None:
-            rt.awaiting_feedback -= 1
         if r.record is None:
             ctx.metrics.feedback(ns, TIMED_OUT)
             if ctx.config.feedback.mode(ns) == REQUIRED:
@@ -133,10 +130,7 @@ async def release_joined(ctx: StageContext, now: float | None = None) -> int:
 def forget_feedback(ctx: StageContext, topic: str, partition: int) -> None:
     """A partition was revoked: drop what the join holds of it (its new owner reads it again)."""
     if topic == ctx.topics.traces:
-        for item in ctx.feedback_join.forget(partition):
-            rt = ctx.runtimes.get(item.trace.namespace)
-            if rt is not None:
-                rt.awaiting_feedback -= 1
+        ctx.feedback_join.forget(partition)
     elif topic == ctx.topics.feedback:
         ctx.feedback_join.forget_early(lambda e: (e.message.topic, e.message.partition) != (topic, partition))
 

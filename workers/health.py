@@ -157,7 +157,7 @@ def holds_up(ctx: StageContext) -> dict[str, dict[str, int]]:
     """What waits on each dependency while it is down: windows in flight and traces buffered (LLM, embeddings,
     Kafka), reflection and curate tasks in flight (the pool), versions waiting for Redis."""
     windows = sum(in_flight(ctx, rt) for rt in ctx.runtimes.values())
-    buffered = sum(rt.buffered() for rt in ctx.runtimes.values())
+    buffered = sum(ctx.buffered(rt) for rt in ctx.runtimes.values())
     work = {"windows_waiting": windows, "traces_buffered": buffered, "tasks_in_flight": ctx.in_flight_tasks}
     return {
         "llm": work,

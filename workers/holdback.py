@@ -35,7 +35,7 @@ log = logging.getLogger("combee.worker.window")
 
 def must_hold(ctx: StageContext, rt: NamespaceRuntime, partition: int) -> bool:
     """A new record of ``rt``'s namespace on ``partition`` goes behind the ones held back, or the buffer is full."""
-    return bool(rt.held.get(partition)) or rt.buffered() >= ctx.config.buffer_limit
+    return bool(rt.held.get(partition)) or ctx.buffered(rt) >= ctx.config.buffer_limit
 
 
 def hold(ctx: StageContext, rt: NamespaceRuntime, event: Any) -> None:
@@ -63,7 +63,7 @@ async def refill(ctx: StageContext) -> int:
     moved = 0
     for rt in list(ctx.runtimes.values()):
         for partition in sorted(rt.held):
-            room = ctx.config.buffer_limit - rt.buffered()
+            room = ctx.config.buffer_limit - ctx.buffered(rt)
             if room > 0 and rt.held[partition]:
                 moved += await _refill_one(ctx, rt, partition, room)
         for partition in [p for p, q in rt.held.items() if not q]:

@@ -106,7 +106,6 @@ class NamespaceRuntime:
     controller: BatchSizeController
     # window stage (per source partition buffers: traces may arrive on any partition)
     buffers: dict[int, list[Buffered]] = field(default_factory=dict)
-    awaiting_feedback: int = 0  # traces in the feedback join (workers/feedback.py), not yet buffered
     # offsets held back per source partition while the buffer was full, oldest first (workers/holdback.py)
     held: dict[int, deque[int]] = field(default_factory=dict)
     last_active: float = field(default_factory=time.monotonic)  # last trace taken or window applied
@@ -172,8 +171,9 @@ class NamespaceRuntime:
         return closed
 
     def buffered(self) -> int:
-        """Traces taken and not yet in a window: buffered, or waiting for their trusted feedback."""
-        return sum(len(b) for b in self.buffers.values()) + self.awaiting_feedback
+        """Traces in the window buffers (:meth:`workers.context.StageContext.buffered` adds those waiting for
+        their trusted feedback)."""
+        return sum(len(b) for b in self.buffers.values())
 
     def held_back(self) -> int:
         return sum(len(h) for h in self.held.values())

@@ -35,7 +35,7 @@ def status_of(ctx: StageContext, rt: NamespaceRuntime) -> dict[str, Any]:
         "bullets": len(snap.playbook.bullets) if snap is not None else 0,
         "windows_applied_total": snap.next_seq if snap is not None else 0,
         "traces_seen": rt.traces_seen,
-        "buffered": rt.buffered(),
+        "buffered": ctx.buffered(rt),
         "windows_in_flight": in_flight(ctx, rt),
         "arrival_rate_per_s": round(rt.arrival_rate(), 3),
         "controller": {
@@ -83,6 +83,6 @@ def idle(ctx: StageContext, quiet_s: float) -> bool:
     if ctx.outcomes is not None and ctx.outcomes.busy():
         return False
     for rt in ctx.runtimes.values():
-        if rt.buffered() or not rt.map_queue.empty() or rt.mapping or rt.windows or rt.closed_pending:
+        if ctx.buffered(rt) or not rt.map_queue.empty() or rt.mapping or rt.windows or rt.closed_pending:
             return False
     return True

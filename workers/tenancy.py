@@ -33,7 +33,7 @@ def in_flight(ctx: StageContext, rt: NamespaceRuntime) -> int:
 def busy(ctx: StageContext, rt: NamespaceRuntime) -> bool:
     """Anything of the namespace still in this process's hands (so evicting it now could lose or redo work)."""
     return bool(
-        rt.buffered()
+        ctx.buffered(rt)
         or rt.held_back()
         or rt.closed_pending
         or in_flight(ctx, rt)

@@ -122,6 +122,18 @@ async def test_trusted_feedback_replaces_the_agents_own_and_is_recorded_in_the_b
     assert ctx.acks.pending() == 0
 
 
+async def test_traces_waiting_for_their_feedback_count_in_their_namespaces_buffer() -> None:
+    """Backpressure and eviction see a waiting trace as buffered: the join holds its event unacknowledged."""
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = feedback_learner(kafka)
+    await send_traces(ctx, kafka, stream, [make(1), make(2), make(3)])
+    rt = ctx.runtimes["support"]
+    assert rt.buffered() == 0 and ctx.buffered(rt) == 3
+    await send_feedback(ctx, kafka, stream, verdict(1, success=True))
+    await release_joined(ctx)  # t1 leaves the join for the window buffer; t2 and t3 still wait
+    assert ctx.feedback_join.waiting("support") == 2 and ctx.buffered(rt) == 3
+
+
 async def test_a_joined_feedback_record_is_acknowledged_only_with_its_traces_window() -> None:
     kafka, stream = MemoryKafka(), Stream()
     ctx = feedback_learner(kafka)
@@ -135,7 +147,7 @@ async def test_a_joined_feedback_record_is_acknowledged_only_with_its_traces_win
     forget_feedback(ctx, ctx.topics.feedback, part)
     await settle_join(ctx, kafka, stream)
     assert windowed(kafka, ctx) == {} and stream.acked == []
-    assert ctx.runtimes["support"].awaiting_feedback == 0
+    assert ctx.feedback_join.waiting("support") == 0 and ctx.buffered(ctx.runtimes["support"]) == 0
 
 
 async def test_feedback_that_comes_before_its_trace_is_joined_when_the_trace_comes() -> None:
