@@ -53,4 +53,4 @@ async def handle_partial(ctx: StageContext, stream: Any, event: Any) -> None:
                 await operate(ctx, rt, env)
             await ctx.acks.done(event)
             return
-        await take(ctx, tenure, rt, env, event)
+        await take(ctx, rt, env, event)

@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from combee.controller import BatchSizeController, ControllerDecision
-from combee.corroborate import PendingLesson
 from combee.fanout import ReflectionGather
-from combee.models import Playbook, Trace
-from combee.scan import ReduceTracker
-from streams.envelopes import Reflected, WindowPlan
-from workers.tenure import Tenure
+from combee.models import Trace
+from streams.envelopes import Reflected
+from workers.tenure import Combining, Tenure
 
-__all__ = ["Awaited", "Buffered", "Gathers", "NamespaceRuntime", "OpenWindow"]
+__all__ = ["Awaited", "Buffered", "Gathers", "NamespaceRuntime"]
 
 
 @dataclass
@@ -88,18 +86,6 @@ class Gathers:
 
 
 @dataclass
-class OpenWindow:
-    """A window the combiner knows of but has not applied: its plan (once arrived), partials and held events."""
-
-    window_id: str
-    plan: WindowPlan | None = None
-    tracker: ReduceTracker | None = None
-    early: list[tuple[int, int, tuple[Any, ...]]] = field(default_factory=list)  # partials before the plan
-    events: list[Any] = field(default_factory=list)
-    service: dict[tuple[int, int], float] = field(default_factory=dict)  # node -> service seconds
-
-
-@dataclass
 class NamespaceRuntime:
     namespace: str
     partition: int
@@ -120,21 +106,15 @@ class NamespaceRuntime:
     mapper: asyncio.Task[None] | None = None
     accepted_seq: int = -1
     mapping: bool = False
-    # combiner (its state belongs to one tenure of the partition: work of an ended tenure never mixes in)
-    tenure: Tenure | None = None
-    windows: dict[str, OpenWindow] = field(default_factory=dict)
-    by_seq: dict[int, str] = field(default_factory=dict)
-    playbooks: dict[int, Playbook] = field(default_factory=dict)  # recent versions, for stale merges
-    applied: asyncio.Condition = field(default_factory=asyncio.Condition)
+    # combiner: its state of this namespace, owned by the tenure it is bound to (workers/tenure.py: the state
+    # ends with its tenure, so work of an ended tenure never mixes in); None until a record binds it
+    combining: Combining | None = None
+    applied: asyncio.Condition = field(default_factory=asyncio.Condition)  # the map stage waits for its turn here
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed_at: dict[str, float] = field(default_factory=dict)
     # versions applied here and not yet seen in Redis -> their window's closing time (wall clock), for the
     # closed-to-published latency
     unpublished: dict[int, float] = field(default_factory=dict)
-    # lessons waiting for corroboration (None: not loaded from Redis in this tenure) and the pool ids whose
-    # change is not yet written there (workers/pending.py)
-    pending: tuple[PendingLesson, ...] | None = None
-    pending_unsaved: set[str] = field(default_factory=set)
     # counters (status)
     traces_seen: int = 0
     dead_lettered: int = 0
@@ -142,6 +122,16 @@ class NamespaceRuntime:
     windows_applied: int = 0
     last_applied_at: float | None = None
     latencies: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))
+
+    @property
+    def tenure(self) -> Tenure | None:
+        """The tenure the combiner's state of this namespace is bound to (None: not bound)."""
+        return self.combining.tenure if self.combining is not None else None
+
+    @property
+    def open_windows(self) -> int:
+        """Windows the combiner holds open for this namespace (planned or partly merged, not applied)."""
+        return len(self.combining.windows) if self.combining is not None else 0
 
     @property
     def closed_pending(self) -> int:

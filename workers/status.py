@@ -83,6 +83,6 @@ def idle(ctx: StageContext, quiet_s: float) -> bool:
     if ctx.outcomes is not None and ctx.outcomes.busy():
         return False
     for rt in ctx.runtimes.values():
-        if ctx.buffered(rt) or not rt.map_queue.empty() or rt.mapping or rt.windows or rt.closed_pending:
+        if ctx.buffered(rt) or not rt.map_queue.empty() or rt.mapping or rt.open_windows or rt.closed_pending:
             return False
     return True

@@ -40,7 +40,7 @@ def busy(ctx: StageContext, rt: NamespaceRuntime) -> bool:
         or not rt.map_queue.empty()
         or rt.mapping
         or (rt.mapper is not None and not rt.mapper.done())
-        or rt.windows
+        or rt.open_windows
         or rt.lock.locked()
         or ctx.publisher.pending_version(rt.namespace) is not None
     )

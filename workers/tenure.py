@@ -8,7 +8,9 @@ the record is fenced — invalid for every reader (:mod:`streams.deltalog`). The
 
 The tenure keeps its own view of the partition's snapshots, so that work still in flight when the partition
 is revoked (the revocation wipes the shared snapshot table) is judged and finished against the state it
-started from: the log, not the local view of the assignment, decides whether it counts.
+started from: the log, not the local view of the assignment, decides whether it counts. It also owns the
+combiner's state of each namespace it combines (:class:`Combining`: open windows, recent versions, the pending
+pool), so that state starts empty with each tenure and ends with it.
 
 :class:`Tenures` is the one registry of this process's tenures: which one is current for each partition,
 which are ready, how often each partition was revoked, and the writes that were fenced.
@@ -20,14 +22,55 @@ import asyncio
 import logging
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
+from combee.corroborate import PendingLesson
+from combee.models import Playbook
+from combee.scan import ReduceTracker
 from streams.deltalog import ClaimTracker, Position, decode_log_record
-from streams.envelopes import Claim, DeltaRecord, Snapshot
+from streams.envelopes import Claim, DeltaRecord, Snapshot, WindowPlan
 from workers.delivery.kafka_io import KafkaIO
 
-__all__ = ["Tenure", "Tenures"]
+__all__ = ["Combining", "OpenWindow", "Tenure", "Tenures"]
 
 log = logging.getLogger("combee.worker.combine")
+
+
+@dataclass
+class OpenWindow:
+    """A window the combiner knows of but has not applied: its plan (once arrived), partials and held events."""
+
+    window_id: str
+    plan: WindowPlan | None = None
+    tracker: ReduceTracker | None = None
+    early: list[tuple[int, int, tuple[Any, ...]]] = field(default_factory=list)  # partials before the plan
+    events: list[Any] = field(default_factory=list)
+    service: dict[tuple[int, int], float] = field(default_factory=dict)  # node -> service seconds
+
+
+@dataclass
+class Combining:
+    """The combiner's state of one namespace under one tenure (:meth:`Tenure.combining`)."""
+
+    namespace: str
+    tenure: Tenure
+    windows: dict[str, OpenWindow] = field(default_factory=dict)
+    by_seq: dict[int, str] = field(default_factory=dict)  # sequence number -> window id, for windows planned
+    playbooks: dict[int, Playbook] = field(default_factory=dict)  # recent versions, for stale merges
+    # lessons waiting for corroboration (None: not loaded from Redis yet) and the pool ids whose change is not
+    # yet written there (workers/combiner/pending.py)
+    pending: tuple[PendingLesson, ...] | None = None
+    pending_unsaved: set[str] = field(default_factory=set)
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The namespace's snapshot as this tenure sees it."""
+        return self.tenure.snapshots.get(self.namespace)
+
+    def drop_windows(self) -> None:
+        """Forget the open windows (the tenure stood down: their records are the partition's new owner's)."""
+        self.windows.clear()
+        self.by_seq.clear()
 
 
 @dataclass
@@ -45,6 +88,7 @@ class Tenure:
     pending: dict[int, str] = field(default_factory=dict)
     _tracker: ClaimTracker = field(default_factory=ClaimTracker)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _combining: dict[str, Combining] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.checked_to = max(self.checked_to, self.epoch)
@@ -53,6 +97,19 @@ class Tenure:
     @property
     def fenced(self) -> bool:
         return self.fenced_at is not None
+
+    def combining(self, namespace: str) -> Combining:
+        """The combiner's state of ``namespace`` under this tenure (empty the first time)."""
+        state = self._combining.get(namespace)
+        if state is None:
+            state = self._combining[namespace] = Combining(namespace, self)
+        return state
+
+    def stand_down(self) -> None:
+        """Another process owns the partition: forget the snapshots and every namespace's open windows."""
+        for state in self._combining.values():
+            state.drop_windows()
+        self.snapshots.clear()
 
     def logged(self, offset: int, namespace: str) -> None:
         """Our record at ``offset`` is in the log; its snapshot is not written yet."""

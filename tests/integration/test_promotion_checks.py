@@ -56,7 +56,7 @@ async def setup() -> AsyncIterator[tuple[Any, Any, RedisPromptStore, RedisPromot
         send=send,
         sent=sent,
     )
-    rt = SimpleNamespace(namespace=NS, tenure=tenure, partition=0)
+    rt = SimpleNamespace(namespace=NS, tenure=tenure, combining=tenure.combining(NS), partition=0)
     try:
         yield ctx, rt, store, promotion
     finally:

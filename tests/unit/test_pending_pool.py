@@ -1,4 +1,4 @@
-"""The combiner's pending pool (workers/pending.py): loaded once, kept in memory, changes written after each
+"""The combiner's pending pool (workers/combiner/pending.py): loaded once, kept in memory, changes written after each
 window; Redis down means an empty pool for now and the writes retried with the next window's."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 from combee.corroborate import Corroboration, corroborate
 from combee.models import AddOp, Playbook
 from workers.combiner.pending import keep_pending, pending_pool
+from workers.tenure import Combining, Tenure
 
 
 class FakeStore:
@@ -40,21 +41,21 @@ def _window(pool: Any, trace: str, window: str) -> Any:
 def test_the_pool_is_loaded_once_and_written_after_each_window() -> None:
     store = FakeStore()
     ctx: Any = SimpleNamespace(pending=store)
-    rt: Any = SimpleNamespace(namespace="ns", pending=None, pending_unsaved=set())
+    state = Combining("ns", Tenure(partition=0, epoch=0, owner="w"))
 
     async def run() -> None:
-        first = _window(await pending_pool(ctx, rt), "t1", "w1")
-        await keep_pending(ctx, rt, first)
+        first = _window(await pending_pool(ctx, state), "t1", "w1")
+        await keep_pending(ctx, state, first)
         assert [e.traces for e in store.rows.values()] == [("t1",)]
         store.down = True  # the second window's change stays in memory, written with the third's
-        second = _window(await pending_pool(ctx, rt), "t2", "w2")
-        await keep_pending(ctx, rt, second)
-        assert [e.traces for e in store.rows.values()] == [("t1",)] and rt.pending_unsaved
+        second = _window(await pending_pool(ctx, state), "t2", "w2")
+        await keep_pending(ctx, state, second)
+        assert [e.traces for e in store.rows.values()] == [("t1",)] and state.pending_unsaved
         store.down = False
-        third = _window(await pending_pool(ctx, rt), "t3", "w3")
+        third = _window(await pending_pool(ctx, state), "t3", "w3")
         assert len(third.ops) == 1  # three teachers: live
-        await keep_pending(ctx, rt, third)
-        assert store.rows == {} and not rt.pending_unsaved and store.reads == 1
+        await keep_pending(ctx, state, third)
+        assert store.rows == {} and not state.pending_unsaved and store.reads == 1
 
     asyncio.run(run())
 
@@ -62,14 +63,14 @@ def test_the_pool_is_loaded_once_and_written_after_each_window() -> None:
 def test_a_pool_that_cannot_be_read_is_empty_for_now_and_read_again_later() -> None:
     store = FakeStore()
     ctx: Any = SimpleNamespace(pending=store)
-    rt: Any = SimpleNamespace(namespace="ns", pending=None, pending_unsaved=set())
+    state = Combining("ns", Tenure(partition=0, epoch=0, owner="w"))
 
     async def run() -> None:
-        await keep_pending(ctx, rt, _window((), "t1", "w1"))  # written while the pool was never loaded
+        await keep_pending(ctx, state, _window((), "t1", "w1"))  # written while the pool was never loaded
         store.down = True
-        assert await pending_pool(ctx, rt) == () and rt.pending is None
+        assert await pending_pool(ctx, state) == () and state.pending is None
         store.down = False
-        (entry,) = await pending_pool(ctx, rt)
+        (entry,) = await pending_pool(ctx, state)
         assert entry.traces == ("t1",) and store.reads == 2
 
     asyncio.run(run())

@@ -128,7 +128,7 @@ def worker(
     ctx.outcomes = SimpleNamespace(store=NoOutcomes())  # type: ignore[assignment]
     tenure = Tenure(partition=0, epoch=0, owner=ctx.owner)
     ctx.tenures.claimed(tenure)
-    return ctx, SimpleNamespace(namespace=NS, tenure=tenure, partition=0)
+    return ctx, SimpleNamespace(namespace=NS, tenure=tenure, combining=tenure.combining(NS), partition=0)
 
 
 def controls(kafka: MemoryKafka, ctx: StageContext) -> list[Control]:

@@ -15,10 +15,11 @@ from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
 from combee.quarantine import quarantined
 from streams.envelopes import DeltaRecord, WindowPlan
-from workers.combiner.commit import commit, snapshot_of
+from workers.combiner.commit import commit
 from workers.combiner.pending import keep_pending, pending_pool
 from workers.context import StageContext
-from workers.runtime import NamespaceRuntime, OpenWindow
+from workers.runtime import NamespaceRuntime
+from workers.tenure import OpenWindow
 
 __all__ = ["apply_window"]
 
@@ -27,16 +28,16 @@ log = logging.getLogger("combee.worker.combine")
 
 async def apply_window(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> bool:
     """Apply a finished window that is next in sequence; False when it was not committed (fenced)."""
-    plan = w.plan
-    assert plan is not None and rt.tenure is not None
-    snap = snapshot_of(rt)
+    plan, state = w.plan, rt.combining
+    assert plan is not None and state is not None
+    snap = state.snapshot
     current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
     meter = Meter()
     # logged finished (copies folded, records refused, sections canonical, near duplicates folded): a replay
     # needs no vectors
     cfg = ctx.config.method
     finished = await finish_ops(
-        ops, current, cfg, ctx.dedup, meter, pending=await pending_pool(ctx, rt), producers=plan.producers,
+        ops, current, cfg, ctx.dedup, meter, pending=await pending_pool(ctx, state), producers=plan.producers,
         verified=plan.verified_producers, window_id=w.window_id, at=time.time(), graded=plan.feedback_producers,
     )  # fmt: skip
     proposed, ops = ops, finished.ops
@@ -70,7 +71,7 @@ async def apply_window(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, o
         applied_at=time.time(),
         critical_path_s=_critical_path(w),
         shape=plan.shape,
-        epoch=rt.tenure.epoch,
+        epoch=state.tenure.epoch,
         trace_ids=plan.trace_ids,
         evidence=explain_delta(current, proposed, ops, playbook, plan.lessons),
         quarantined=held,
@@ -84,9 +85,9 @@ async def apply_window(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, o
         ctx.metrics.bullet_quarantined(rt.namespace, entry.reason)
     for reason, n in sorted(meter.held.items()):
         ctx.metrics.lessons_held(rt.namespace, reason, n)
-    await keep_pending(ctx, rt, finished.corroborated)
-    del rt.windows[w.window_id]
-    rt.by_seq.pop(plan.seq, None)
+    await keep_pending(ctx, state, finished.corroborated)
+    del state.windows[w.window_id]
+    state.by_seq.pop(plan.seq, None)
     rt.windows_applied += 1
     rt.last_applied_at = time.time()
     ctx.metrics.window_applied(rt.namespace, record.applied_at - plan.closed_at)

@@ -33,18 +33,11 @@ CLAIM_KEY = "__claim__"
 
 
 def bind(ctx: StageContext, tenure: Tenure, namespace: str) -> NamespaceRuntime:
-    """The namespace's runtime, its combiner state bound to ``tenure``."""
+    """The namespace's runtime, bound to the combiner's state of it under ``tenure`` (the runtime object stays
+    across tenures: the map stage may be waiting on its ``applied`` condition)."""
     rt = ctx.runtime(namespace)
     if rt.tenure is not tenure:
-        if rt.tenure is not None and not rt.tenure.fenced:  # not expected: a revocation drops the runtimes
-            # Only the combiner's part is the old tenure's. The runtime object stays: the map stage may be
-            # waiting on its ``applied`` condition, and a waiter on a dropped runtime would wait forever.
-            log.warning("%s: combiner state of an earlier tenure dropped", namespace)
-            rt.windows.clear()
-            rt.by_seq.clear()
-            rt.playbooks.clear()
-        rt.tenure = tenure
-        rt.pending = None  # loaded again: the tenure before may have changed it
+        rt.combining = tenure.combining(namespace)
     return rt
 
 
@@ -104,7 +97,7 @@ def _void(ctx: StageContext, tenure: Tenure) -> Tenure:
     ctx.tenures.void(tenure)
     for rt in ctx.runtimes.values():
         if rt.tenure is tenure:
-            rt.tenure = None
+            rt.combining = None
     return tenure
 
 

@@ -32,7 +32,7 @@ CHECKPOINT = "__checkpoint__"  # the key of a partition's checkpoint in the snap
 
 
 def snapshot_of(rt: NamespaceRuntime) -> Snapshot | None:
-    return rt.tenure.snapshots.get(rt.namespace) if rt.tenure is not None else None
+    return rt.combining.snapshot if rt.combining is not None else None
 
 
 async def commit(
@@ -91,11 +91,7 @@ async def commit_control(
 def _stand_down(ctx: StageContext, tenure: Tenure) -> None:
     """Another process owns the partition: drop the combiner's state of it, ack nothing of it, and do not claim
     it again until it is revoked (a revocation makes it claimable; the new owner redoes the open windows)."""
-    for rt in ctx.runtimes.values():
-        if rt.tenure is tenure:
-            rt.windows.clear()
-            rt.by_seq.clear()
-    tenure.snapshots.clear()
+    tenure.stand_down()
     if ctx.tenures.holds(tenure):
         ctx.snapshots.forget(tenure.partition)  # the map stage re-reads it; the partition stays "ready" (fenced)
 
@@ -117,8 +113,8 @@ async def remember(
     checkpoint: bool = True,
 ) -> None:
     """Write the snapshot the valid record at ``offset`` produced, offer its version, then write a checkpoint."""
-    tenure = rt.tenure
-    assert tenure is not None
+    assert rt.combining is not None
+    combining, tenure = rt.combining, rt.combining.tenure
     marks = dict(snap.watermarks) if snap is not None else {}
     if source is not None and record.last_offset is not None:
         marks[source] = max(marks.get(source, -1), record.last_offset)
@@ -138,10 +134,10 @@ async def remember(
     current = is_current(ctx, tenure)  # a tenure that ended meanwhile (revoked, fenced) wrote to the changelog only
     if current:
         ctx.snapshots.cache(rt.namespace, new)
-    rt.playbooks[playbook.version] = playbook
+    combining.playbooks[playbook.version] = playbook
     ctx.metrics.playbook_size(rt.namespace, len(playbook.bullets))
-    for v in sorted(rt.playbooks)[:-KEEP_VERSIONS]:
-        del rt.playbooks[v]
+    for v in sorted(combining.playbooks)[:-KEEP_VERSIONS]:
+        del combining.playbooks[v]
     # No await between caching the snapshot and offering its version: the status loop (republish_if_lost) reads
     # both, and in between it would offer this version without its window and provenance, and the real offer
     # would then be refused as not newer.

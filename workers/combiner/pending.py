@@ -13,7 +13,7 @@ import logging
 
 from combee.corroborate import Corroborated, PendingLesson
 from workers.context import StageContext
-from workers.runtime import NamespaceRuntime
+from workers.tenure import Combining
 
 __all__ = ["keep_pending", "pending_pool"]
 
@@ -22,37 +22,38 @@ log = logging.getLogger("combee.worker.combine")
 TIMEOUT_S = 5.0
 
 
-async def pending_pool(ctx: StageContext, rt: NamespaceRuntime) -> tuple[PendingLesson, ...]:
-    """The namespace's pool (loaded from Redis the first time in this tenure; empty while it cannot be)."""
-    if rt.pending is not None:
-        return rt.pending
+async def pending_pool(ctx: StageContext, state: Combining) -> tuple[PendingLesson, ...]:
+    """The namespace's pool (loaded from Redis the first time in ``state``'s tenure; empty while it cannot be)."""
+    if state.pending is not None:
+        return state.pending
     if ctx.pending is None:
-        rt.pending = ()
-        return rt.pending
+        state.pending = ()
+        return state.pending
     try:
-        rt.pending = tuple(await asyncio.wait_for(ctx.pending.entries(rt.namespace), TIMEOUT_S))
+        state.pending = tuple(await asyncio.wait_for(ctx.pending.entries(state.namespace), TIMEOUT_S))
     except Exception as exc:  # Redis down: an empty pool for now, loaded at the next window
-        log.warning("%s: cannot read the pending lessons yet (%s); this window starts from none", rt.namespace, exc)
+        log.warning("%s: cannot read the pending lessons yet (%s); this window starts from none", state.namespace, exc)
         return ()
-    return rt.pending
+    return state.pending
 
 
-async def keep_pending(ctx: StageContext, rt: NamespaceRuntime, corroborated: Corroborated | None) -> None:
+async def keep_pending(ctx: StageContext, state: Combining, corroborated: Corroborated | None) -> None:
     """After a committed window: the pool it left in memory, and its changes written to Redis."""
-    if corroborated is None and not rt.pending_unsaved:
+    if corroborated is None and not state.pending_unsaved:
         return
     if corroborated is not None:
-        if rt.pending is not None:  # a pool not loaded stays to be loaded (this window's entries are saved)
-            rt.pending = corroborated.pending
-        rt.pending_unsaved |= {*corroborated.changed, *corroborated.resolved}
+        if state.pending is not None:  # a pool not loaded stays to be loaded (this window's entries are saved)
+            state.pending = corroborated.pending
+        state.pending_unsaved |= {*corroborated.changed, *corroborated.resolved}
     if ctx.pending is None:
         return
-    pool = {e.id: e for e in (corroborated.pending if corroborated is not None else rt.pending or ())}
-    write = [pool[i] for i in sorted(rt.pending_unsaved) if i in pool]
-    delete = [i for i in sorted(rt.pending_unsaved) if i not in pool]
+    pool = {e.id: e for e in (corroborated.pending if corroborated is not None else state.pending or ())}
+    write = [pool[i] for i in sorted(state.pending_unsaved) if i in pool]
+    delete = [i for i in sorted(state.pending_unsaved) if i not in pool]
     try:
-        await asyncio.wait_for(ctx.pending.save(rt.namespace, write, delete), TIMEOUT_S)
+        await asyncio.wait_for(ctx.pending.save(state.namespace, write, delete), TIMEOUT_S)
     except Exception as exc:  # kept in memory; written with the next window's changes
-        log.warning("%s: cannot store %d pending lesson change(s) yet (%s)", rt.namespace, len(rt.pending_unsaved), exc)
+        unsaved = len(state.pending_unsaved)
+        log.warning("%s: cannot store %d pending lesson change(s) yet (%s)", state.namespace, unsaved, exc)
         return
-    rt.pending_unsaved.clear()
+    state.pending_unsaved.clear()

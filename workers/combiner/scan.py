@@ -16,35 +16,36 @@ from combee.roles import merge
 from combee.scan import ReadyNode, ReduceTracker
 from streams.envelopes import Partial, WindowPlan
 from workers.combiner.apply import apply_window
-from workers.combiner.commit import snapshot_of
 from workers.context import StageContext
-from workers.runtime import NamespaceRuntime, OpenWindow
-from workers.tenure import Tenure
+from workers.runtime import NamespaceRuntime
+from workers.tenure import Combining, OpenWindow
 
 __all__ = ["progress", "take"]
 
 log = logging.getLogger("combee.worker.combine")
 
 
-async def take(ctx: StageContext, tenure: Tenure, rt: NamespaceRuntime, env: WindowPlan | Partial, event: Any) -> None:
-    """Take a window plan or a partial delta of ``rt``'s namespace (``event``'s record, read under ``tenure``)
-    into its open window, then :func:`progress`. A record of a window applied already is acked at once.
-    Caller holds rt.lock."""
-    snap = tenure.snapshots.get(env.namespace)
+async def take(ctx: StageContext, rt: NamespaceRuntime, env: WindowPlan | Partial, event: Any) -> None:
+    """Take a window plan or a partial delta of ``rt``'s namespace (``event``'s record, read under the tenure
+    ``rt`` is bound to) into its open window, then :func:`progress`. A record of a window applied already is
+    acked at once. Caller holds rt.lock."""
+    state = rt.combining
+    assert state is not None
+    snap = state.snapshot
     if snap is not None and env.window_id in snap.applied:
         await ctx.acks.done(event)  # a redelivery of a window already applied
         return
-    w = rt.windows.setdefault(env.window_id, OpenWindow(env.window_id))
+    w = state.windows.setdefault(env.window_id, OpenWindow(env.window_id))
     w.events.append(event)
     if isinstance(env, WindowPlan):
         if snap is not None and env.seq < snap.next_seq:  # applied long ago (older than the ledger)
-            for e in rt.windows.pop(env.window_id).events:
+            for e in state.windows.pop(env.window_id).events:
                 await ctx.acks.done(e)
             return
         if w.plan is None:
             w.plan = env
             w.tracker = ReduceTracker(env.groups, env.tree, env.roots, env.unite)
-            rt.by_seq[env.seq] = env.window_id
+            state.by_seq[env.seq] = env.window_id
             for level, index, ops in w.early:
                 w.tracker.add(level, index, ops)
             w.early.clear()
@@ -59,31 +60,33 @@ async def take(ctx: StageContext, tenure: Tenure, rt: NamespaceRuntime, env: Win
 
 async def progress(ctx: StageContext, rt: NamespaceRuntime) -> None:
     """Start every ready merge; apply every finished window that is next in sequence. Caller holds rt.lock."""
-    if rt.tenure is None or rt.tenure.fenced:
+    state = rt.combining
+    if state is None or state.tenure.fenced:
         return
-    for w in rt.windows.values():
+    for w in state.windows.values():
         if w.tracker is not None:
             for node in w.tracker.ready():
-                ctx.spawn(_merge(ctx, rt, w, node))
+                ctx.spawn(_merge(ctx, rt, state, w, node))
     while True:
-        snap = snapshot_of(rt)
-        wid = rt.by_seq.get(snap.next_seq if snap is not None else 0)
-        ready = rt.windows.get(wid) if wid is not None else None
+        snap = state.snapshot
+        wid = state.by_seq.get(snap.next_seq if snap is not None else 0)
+        ready = state.windows.get(wid) if wid is not None else None
         if ready is None or ready.tracker is None or (ops := ready.tracker.result()) is None:
             return
         if not await apply_window(ctx, rt, ready, ops):
             return
 
 
-def _base_playbook(ctx: StageContext, rt: NamespaceRuntime, version: int) -> Playbook:
-    snap = snapshot_of(rt)
-    current = snap.playbook if snap is not None else Playbook(namespace=rt.namespace)
-    return rt.playbooks.get(version, current)
+def _base_playbook(state: Combining, version: int) -> Playbook:
+    snap = state.snapshot
+    current = snap.playbook if snap is not None else Playbook(namespace=state.namespace)
+    return state.playbooks.get(version, current)
 
 
-async def _merge(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, node: ReadyNode) -> None:
+async def _merge(ctx: StageContext, rt: NamespaceRuntime, state: Combining, w: OpenWindow, node: ReadyNode) -> None:
+    """One merge call of window ``w`` (open in ``state``), its partial sent and taken in, then :func:`progress`."""
     assert w.plan is not None
-    base = _base_playbook(ctx, rt, w.plan.base_version)
+    base = _base_playbook(state, w.plan.base_version)
     meter = Meter()
     attempts = ctx.config.method.parse_attempts
     ctx.in_flight_tasks += 1
@@ -123,7 +126,8 @@ async def _merge(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, node: R
         await ctx.send(ctx.topics.partials, rt.namespace, partial, rt.partition)  # durable; returns as a no-op
         async with rt.lock:
             if (
-                rt.windows.get(w.window_id) is w
+                rt.combining is state
+                and state.windows.get(w.window_id) is w
                 and w.tracker is not None
                 and w.tracker.add(node.level, node.index, ops)
             ):
