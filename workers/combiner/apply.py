@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from combee.corroborate import corroborate_tags
-from combee.engine import Finished, finish_ops
+from combee.engine import finish_ops
 from combee.evidence import explain_delta
 from combee.meter import Meter
 from combee.models import Delta, DeltaOp, Playbook
 from combee.playbook import apply_delta
 from combee.quarantine import quarantined
-from streams.envelopes import DeltaRecord, WindowPlan
+from streams.envelopes import DeltaRecord
 from workers.combiner.commit import commit
 from workers.combiner.pending import keep_pending, pending_pool
 from workers.context import StageContext
@@ -40,7 +41,7 @@ async def apply_window(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, o
         ops, current, cfg, ctx.dedup, meter, pending=await pending_pool(ctx, state), producers=plan.producers,
         verified=plan.verified_producers, window_id=w.window_id, at=time.time(), graded=plan.feedback_producers,
     )  # fmt: skip
-    proposed, ops = ops, finished.ops
+    proposed, ops, corroborated = ops, finished.ops, finished.corroborated
     tags, held_tags = corroborate_tags(plan.tag_counts, current, cfg.corroboration_for(rt.namespace))
     meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(
@@ -50,8 +51,8 @@ async def apply_window(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, o
         ops=ops,
         tag_counts=tags,
         trace_count=plan.trace_count,
-        verified_producers=_verified(plan, finished),
-        feedback_producers=_graded(plan, finished),
+        verified_producers=_producers(plan.verified_producers, corroborated.verified if corroborated else None),
+        feedback_producers=_producers(plan.feedback_producers, corroborated.graded if corroborated else None),
     )
     playbook, stats = apply_delta(current, delta, ctx.config.method.policy)
     held = quarantined(rt.namespace, w.window_id, current.version, finished.quarantined, at=time.time())
@@ -85,7 +86,7 @@ async def apply_window(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, o
         ctx.metrics.bullet_quarantined(rt.namespace, entry.reason)
     for reason, n in sorted(meter.held.items()):
         ctx.metrics.lessons_held(rt.namespace, reason, n)
-    await keep_pending(ctx, state, finished.corroborated)
+    await keep_pending(ctx, state, corroborated)
     del state.windows[w.window_id]
     state.by_seq.pop(plan.seq, None)
     rt.windows_applied += 1
@@ -119,14 +120,7 @@ def _critical_path(w: OpenWindow) -> float:
     return w.plan.map_service_s + longest
 
 
-def _verified(plan: WindowPlan, finished: Finished) -> dict[str, str]:
-    """The window's verified producers, and those of the pending lessons that went live in it (their traces
-    came in earlier windows)."""
-    went_live = finished.corroborated.verified if finished.corroborated is not None else {}
-    return {**went_live, **plan.verified_producers}
-
-
-def _graded(plan: WindowPlan, finished: Finished) -> dict[str, str]:
-    """The producers of the window's trusted feedback, and of the pending lessons' that went live in it."""
-    went_live = finished.corroborated.graded if finished.corroborated is not None else {}
-    return {**went_live, **plan.feedback_producers}
+def _producers(window: dict[str, str], went_live: Mapping[str, str] | None) -> dict[str, str]:
+    """Trace -> producer for a delta: the window's own, and those of the pending lessons that went live in it
+    (their traces came in earlier windows). Used for verified producers and for trusted feedback's."""
+    return {**(went_live or {}), **window}
