@@ -57,7 +57,9 @@ def evict_idle(ctx: StageContext, now: float | None = None) -> list[str]:
         uses.append(NamespaceUse(rt.namespace, in_hand, rt.last_active))
     evicted = idle_out(uses, now, ctx.config.namespace_idle_s)
     for ns in evicted:
-        del ctx.runtimes[ns]
+        tenure = ctx.runtimes.pop(ns).tenure
+        if tenure is not None:
+            tenure.release(ns)
         ctx.metrics.namespace_evicted(ns)
         log.info("namespace %s idle for %.0fs with nothing in flight: evicted", ns, ctx.config.namespace_idle_s)
     if evicted:

@@ -105,6 +105,11 @@ class Tenure:
             state = self._combining[namespace] = Combining(namespace, self)
         return state
 
+    def release(self, namespace: str) -> None:
+        """``namespace`` was evicted from this process (nothing of it in hand): let go of its combiner state, as
+        of the runtime that held it; if it comes back, it starts from its snapshot and reloads its pool."""
+        self._combining.pop(namespace, None)
+
     def stand_down(self) -> None:
         """Another process owns the partition: forget the snapshots and every namespace's open windows."""
         for state in self._combining.values():

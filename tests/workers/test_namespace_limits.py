@@ -99,7 +99,10 @@ async def test_an_evicted_namespace_comes_back_and_learns_on_from_its_last_versi
     await feed_traces(ctx, kafka, stream, ns, 5)
     await learn_all(ctx, kafka, stream, seen)
     before = [r for r in deltas(kafka, ctx.topics) if r.namespace == ns]
+    tenure = ctx.runtime(ns).tenure
+    assert tenure is not None and tenure.combining(ns) is ctx.runtime(ns).combining
     assert evict_idle(ctx, now=1e12) == [ns] and ns not in ctx.runtimes
+    assert tenure.combining(ns).playbooks == {}  # its state was let go: a new one, with no recent versions
 
     for i in range(5, 9):
         offset = await kafka.send(ctx.topics.traces, ns.encode(), trace(ns, i), part)
