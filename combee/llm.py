@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "DEFAULT_REASONING_MODELS",
     "LLM",
+    "REFUSED_BY_SERVER",
     "ChatMessage",
     "ChatRequest",
     "ChatResponse",
@@ -90,6 +91,13 @@ class ChatResponse(BaseModel):
     simulated: bool = False
     cached: bool = False
     finish_reason: str | None = None  # "stop", "length" (cut off at max_tokens), ... when the server says
+
+
+REFUSED_BY_SERVER = "refused_by_server"
+"""The ``finish_reason`` of an answer the server generated and then would not return: its own output parser
+could not read it (llama.cpp: HTTP 500 "The model produced output that does not match the expected ... format").
+Such a response has no text; the caller counts it as a rejected answer and asks again differently, because the
+identical request gets the identical answer from a deterministic model."""
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ from typing import Generic, TypeVar
 
 from combee.embeddings import NearDuplicates
 from combee.errors import LLMParseError
-from combee.llm import LLM, ChatResponse, Role, context_tokens_of
+from combee.llm import LLM, REFUSED_BY_SERVER, ChatResponse, Role, context_tokens_of
 from combee.meter import Meter
 from combee.models import Bullet, DeltaOp, Playbook, Reflection, Trace
 from combee.playbook import unite_ops
@@ -61,6 +61,11 @@ class CallOutcome(Generic[V]):
 
 def _problem(error: LLMParseError, response: ChatResponse, max_tokens: int) -> str:
     """What to tell the model about its rejected answer."""
+    if response.finish_reason == REFUSED_BY_SERVER:
+        return (
+            "the server could not read it as the one JSON object the schema asks for (wrapped in a Markdown code"
+            " fence, or with comments or text around it); reply with the bare JSON object and nothing else"
+        )
     if response.finish_reason == "length":
         return (
             f"it stopped at the {max_tokens}-token limit before the JSON object was complete ({error}); "
@@ -92,6 +97,8 @@ async def _call_parsed(
         meter.record(role, response)
         service += response.service_time_s if response.service_time_s is not None else elapsed
         try:
+            if response.finish_reason == REFUSED_BY_SERVER:
+                raise LLMParseError("the server refused to return the answer", kind="refused_by_server")
             parsed = ask.parse(response.text)
         except LLMParseError as exc:
             meter.parse_failure(role, exc.kind)

@@ -28,7 +28,7 @@ from typing import Any
 import openai
 
 from combee.errors import LLMError, LLMRateLimited, LLMUnavailable
-from combee.llm import ChatRequest, ChatResponse, Role, Usage
+from combee.llm import REFUSED_BY_SERVER, ChatRequest, ChatResponse, Role, Usage
 from combee.llm_openai.cache import ResponseCache, cache_key
 from combee.llm_openai.config import EndpointConfig, LLMStats, StructuredMode, is_reasoning_model
 from combee.llm_openai.context_window import context_from_models, context_from_props, server_root, slots_from_props
@@ -36,6 +36,7 @@ from combee.llm_openai.retry import RatePacer, backoff_delay, retry_after_from_h
 from combee.llm_openai.structured import (
     FALLBACK_ORDER,
     mentions_structured_output,
+    refused_output,
     response_format_for,
     valid_schema_name,
 )
@@ -92,6 +93,7 @@ class _Counters:
     paced_waits: int = 0
     paced_s: float = 0.0
     structured_fallbacks: int = 0
+    refused_answers: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
     estimated_usage_responses: int = 0
@@ -196,6 +198,7 @@ class OpenAILLM:
             structured_mode=self.structured_mode,
             structured_mode_settled=self._settled,
             structured_fallbacks=c.structured_fallbacks,
+            refused_answers=c.refused_answers,
             cache_hits=c.cache_hits,
             cache_misses=c.cache_misses,
             usage=usage,
@@ -340,6 +343,8 @@ class OpenAILLM:
             except openai.APIStatusError as exc:
                 if mode is not None and self._fall_back_from(mode, exc):
                     continue  # a negotiation step, not a failure: does not count against max_attempts
+                if refused_output(exc):
+                    return self._refused(exc, request.role, model)
                 failure = self._classify_status(exc, model, mode)
             except (openai.APITimeoutError, TimeoutError) as exc:
                 if connection_refused(exc):  # the aiohttp transport reports a refused connect as a timeout
@@ -382,6 +387,16 @@ class OpenAILLM:
         if estimated:
             self._counters.estimated_usage_responses += 1
         return response
+
+    def _refused(self, exc: openai.APIStatusError, role: Role, model: str) -> ChatResponse:
+        """The server generated an answer and refused to return it: an answer without text, not a retry."""
+        self._counters.refused_answers += 1
+        log.warning(
+            "%s: the server refused to return its %s answer (HTTP %d: %s); handed back as a rejected answer, "
+            "not sent again (the same request gets the same answer)",
+            self._config.display_url, role.value, exc.status_code, self._server_message(exc),
+        )  # fmt: skip
+        return ChatResponse(text="", model=model, finish_reason=REFUSED_BY_SERVER)
 
     def _classify_status(self, exc: openai.APIStatusError, model: str, mode: StructuredMode | None) -> _Failure:
         """A retryable failure, or raise :class:`LLMUnavailable` for a request the server won't accept."""

@@ -189,6 +189,7 @@ class LLMStats(BaseModel):
     structured_mode: StructuredMode = "json_schema"
     structured_mode_settled: bool = False
     structured_fallbacks: int = 0
+    refused_answers: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
     usage: Usage = Field(default_factory=Usage)

@@ -47,7 +47,8 @@ class RoleRouter:
                 by_role[role] = by_role.get(role, Usage()) + usage
         costs = [part.cost_usd for part in parts if part.cost_usd is not None]
         counters: tuple[str, ...] = ("requests", "successes", "failures", "attempts", "backoff_s", "cooldown_waits")
-        counters += ("structured_fallbacks", "cache_hits", "cache_misses", "estimated_usage_responses")
+        counters += ("structured_fallbacks", "refused_answers", "cache_hits", "cache_misses")
+        counters += ("estimated_usage_responses",)
         summed = {name: sum(getattr(part, name) for part in parts) for name in counters}
         return first.model_copy(
             update={

@@ -10,7 +10,13 @@ import openai
 
 from combee.llm_openai.config import StructuredMode
 
-__all__ = ["FALLBACK_ORDER", "mentions_structured_output", "response_format_for", "valid_schema_name"]
+__all__ = [
+    "FALLBACK_ORDER",
+    "mentions_structured_output",
+    "refused_output",
+    "response_format_for",
+    "valid_schema_name",
+]
 
 # "auto" tries these in order and keeps the first the endpoint accepts.
 FALLBACK_ORDER: tuple[StructuredMode, ...] = get_args(StructuredMode)
@@ -28,6 +34,11 @@ _STRUCTURED_OUTPUT_WORDS = (
     "schema",
     "structured output",
 )
+
+
+_REFUSED_OUTPUT_WORDS = ("produced output that does not match",)
+"""How a server says it generated an answer and its own output parser could not read it (llama.cpp's
+chat-format parser: "The model produced output that does not match the expected peg-native format")."""
 
 
 def valid_schema_name(name: str | None) -> str:
@@ -53,3 +64,14 @@ def mentions_structured_output(exc: openai.APIStatusError) -> bool:
         body = str(exc.body)
     text = f"{exc.message} {body}".lower()
     return any(word in text for word in _STRUCTURED_OUTPUT_WORDS)
+
+
+def refused_output(exc: openai.APIStatusError) -> bool:
+    """True if ``exc`` is the server refusing to return an answer it generated (see :data:`_REFUSED_OUTPUT_WORDS`).
+
+    Not a transient error: a deterministic model writes the same answer to the same request again.
+    """
+    if exc.status_code < 500:
+        return False
+    text = f"{exc.message} {exc.body}".lower()
+    return any(words in text for words in _REFUSED_OUTPUT_WORDS)

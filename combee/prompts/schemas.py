@@ -17,6 +17,7 @@ __all__ = [
     "GENERATOR_ANSWER_CHARS",
     "GENERATOR_REASONING_CHARS",
     "LESSON_PATTERN",
+    "LESSON_SCHEMA",
     "curator_schema",
     "generator_schema",
     "merger_schema",
@@ -31,11 +32,17 @@ LESSON_PATTERN = r"^[^\x00-\x20\x7f-\xa0" + _BLANK_UNICODE + "].{0," + str(LIMIT
 """A lesson's text as the parser accepts it: one line that starts with a visible character, at most
 ``bullet_chars`` long.
 
-The parser trims whitespace and drops control characters and then needs something left; a pattern is the one
-way to say "not blank" in a schema. It also carries the length, because llama.cpp's own schema converter
-ignores ``maxLength`` next to a ``pattern``. It avoids ``\\s``/``\\S``, which that converter does not
-honour (measured: a pattern with them let the model write past the length); the Unicode blanks are literal
-characters, not escapes, for the same reason."""
+The parser's rule, not the schema's: the schema sends only the length (:data:`LESSON_SCHEMA`). With a
+``pattern`` on the lesson, llama.cpp (xllamacpp 2026.10.11549, the deploy's server) stops enforcing the whole
+schema: measured on a recorded curator request, the model then answered in a Markdown code fence with ``//``
+comments and the server's own output parser refused the answer with HTTP 500 (every pattern tried, from this one
+to ``^[^ ]{1,600}$``); without the pattern the same request came back as schema-valid JSON and ``maxLength`` was
+honoured (docs/results/controller-formula-real/README.md). A blank lesson is dropped by the parser and listed
+as invalid."""
+
+
+LESSON_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": LIMITS.bullet_chars}
+"""The lesson as the schema sends it: only what every endpoint enforces."""
 
 
 _TAG_VALUES = [t.value for t in Tag]
@@ -51,7 +58,7 @@ GENERATOR_ANSWER_CHARS = 300
 
 
 def _lesson_schema() -> dict[str, Any]:
-    return {"type": "string", "maxLength": LIMITS.bullet_chars, "pattern": LESSON_PATTERN}
+    return dict(LESSON_SCHEMA)
 
 
 def _section_schema(sections: Sequence[str]) -> dict[str, Any]:

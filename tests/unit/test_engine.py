@@ -6,7 +6,7 @@ import pytest
 from combee.engine import Method, MethodConfig, Window, run_window
 from combee.errors import LLMUnavailable
 from combee.learner import LearnConfig, learn
-from combee.llm import ChatRequest, Role
+from combee.llm import REFUSED_BY_SERVER, ChatRequest, ChatResponse, Role
 from combee.models import Playbook, Trace
 from tests.fakes import ScriptedLLM, block_lines, echo_script
 
@@ -202,6 +202,29 @@ async def test_a_rejected_answer_is_re_asked_with_the_error_and_a_higher_tempera
     stats = result.meter.roles["reflector"]
     assert (stats.calls, stats.parse_failures, stats.repairs, stats.repaired, stats.gave_up) == (3, 2, 2, 1, 0)
     assert stats.failure_kinds == {"missing_key": 1, "no_valid_items": 1}
+    assert len(result.playbook.bullets) == 1
+
+
+class RefusesFirstReflection(ScriptedLLM):
+    """The first reflector answer is one the server would not return (llama.cpp's HTTP 500 on a fenced answer)."""
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        if request.role == Role.REFLECTOR and not self.calls(Role.REFLECTOR):
+            self.requests.append(request)
+            return ChatResponse(text="", finish_reason=REFUSED_BY_SERVER)
+        return await super().complete(request)
+
+
+async def test_an_answer_the_server_refused_is_re_asked_differently_with_what_went_wrong():
+    llm = RefusesFirstReflection(echo_script)
+    result = await run_window(window(1), Playbook(namespace="ns"), llm, MethodConfig(method=Method.SEQUENTIAL))
+    first, second = llm.calls(Role.REFLECTOR)
+    assert (first.temperature, second.temperature) == (0.0, 0.3)  # not the identical request again
+    assert [m.role for m in second.messages] == ["system", "user", "user"]  # nothing to echo
+    assert "bare JSON object" in second.messages[2].content
+    stats = result.meter.roles["reflector"]
+    assert (stats.calls, stats.parse_failures, stats.repaired, stats.gave_up) == (2, 1, 1, 0)
+    assert stats.failure_kinds == {"refused_by_server": 1}
     assert len(result.playbook.bullets) == 1
 
 

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from combee.errors import LLMRateLimited, LLMUnavailable
-from combee.llm import LLM, ChatMessage, ChatRequest, Role, Usage
+from combee.llm import LLM, REFUSED_BY_SERVER, ChatMessage, ChatRequest, Role, Usage
 from combee.llm_openai import (
     EndpointConfig,
     OpenAILLM,
@@ -433,6 +433,24 @@ async def test_malformed_2xx_body_is_retried(server: ScriptedServer, fake_time: 
         response = await llm.complete(chat())
         assert llm.stats.retries == {"bad_response": 2}
     assert response.text == "hello"
+
+
+LLAMA_CPP_REFUSAL = "The model produced output that does not match the expected peg-native format"
+
+
+async def test_an_answer_the_server_refuses_to_return_comes_back_once_as_a_rejected_answer(
+    server: ScriptedServer, fake_time: FakeTime, tmp_path: Path
+) -> None:
+    # llama.cpp generated an answer and its own output parser refused it (HTTP 500). The same request gets
+    # the same answer again, so the client hands back a text-less answer at once instead of re-sending it.
+    server.then(error(500, LLAMA_CPP_REFUSAL))
+    async with make_llm(server, fake_time, cache_dir=tmp_path, max_attempts=6) as llm:
+        response = await llm.complete(chat(schema={"type": "object"}))
+        stats = llm.stats
+        assert llm.cache is not None and len(llm.cache) == 0  # never replayed as if it were an answer
+    assert response.text == "" and response.finish_reason == REFUSED_BY_SERVER
+    assert len(server.requests) == 1 and fake_time.sleeps == []
+    assert stats.refused_answers == 1 and stats.retries == {}
 
 
 async def test_exhausted_5xx_raises_unavailable(server: ScriptedServer, fake_time: FakeTime) -> None:

@@ -6,6 +6,10 @@
 Instances come from the schema itself (:func:`instances`, a hypothesis strategy for the keywords the schemas
 use); answers near the schema come from mutating valid ones (:func:`mutants`). :func:`is_valid` checks the
 same keyword subset. Both refuse a keyword they do not know, so a schema that grows one fails here first.
+
+One rule is the parser's alone: a lesson starts with a visible character (``LESSON_PATTERN``). The schema
+sends only the lesson's length, because llama.cpp stops enforcing a schema that carries the pattern (see
+``combee.prompts.schemas.LESSON_PATTERN``); both helpers apply the pattern to the lesson schema.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from hypothesis import strategies as st
 from combee.errors import LLMParseError
 from combee.models import AddOp, Bullet, Playbook, Provenance, Reflection, RemoveOp, Trace, UpdateOp
 from combee.prompts import Ask, Proposal, curator_ask, generator_ask, merger_ask, reflector_ask
+from combee.prompts.schemas import LESSON_PATTERN, LESSON_SCHEMA
 
 _KNOWN = {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems"}
 _KNOWN |= {"enum", "minLength", "maxLength", "pattern", "anyOf"}
@@ -48,7 +53,9 @@ def instances(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
             instances(schema["items"]), min_size=schema.get("minItems", 0), max_size=min(schema.get("maxItems", 4), 4)
         )
     assert kind == "string"
-    if "pattern" in schema:
+    if schema == LESSON_SCHEMA:
+        text = st.from_regex(LESSON_PATTERN, fullmatch=True)
+    elif "pattern" in schema:
         text = st.from_regex(schema["pattern"], fullmatch=True)
     else:
         text = st.text(min_size=schema.get("minLength", 0), max_size=min(schema.get("maxLength", 40), 60))
@@ -83,6 +90,8 @@ def is_valid(schema: dict[str, Any], value: Any) -> bool:
         if not isinstance(value, str):
             return False
         if not schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**9):
+            return False
+        if schema == LESSON_SCHEMA and re.search(LESSON_PATTERN, value) is None:
             return False
         return "pattern" not in schema or re.search(schema["pattern"], value) is not None
     return kind is None
