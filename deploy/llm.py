@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import os
 import shlex
 import signal
 import sys
@@ -218,13 +219,28 @@ def _import_xllamacpp() -> Any:
         ) from None
 
 
-def serve_forever(cfg: ServerConfig) -> int:
-    """Run the server in this process until SIGTERM/SIGINT (the child started by up()). Returns an exit code."""
+PARENT_POLL_S = 1.0
+
+
+def stop_when_parent_goes(parent_pid: int, stop: threading.Event, poll_s: float = PARENT_POLL_S) -> None:
+    """Set ``stop`` once this process is no longer the child of ``parent_pid`` (it died and we were re-parented)."""
+    while os.getppid() == parent_pid:
+        if stop.wait(poll_s):
+            return
+    print(f"deploy.llm: parent {parent_pid} is gone; stopping", file=sys.stderr, flush=True)
+    stop.set()
+
+
+def serve_forever(cfg: ServerConfig, parent_pid: int | None = None) -> int:
+    """Run the server in this process until SIGTERM/SIGINT (the child started by up()), or until ``parent_pid``
+    is gone when one is given. Returns an exit code."""
     xllamacpp = _import_xllamacpp()
     params = apply_params(xllamacpp.CommonParams(), server_params(cfg))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda _signum, _frame: stop.set())
+    if parent_pid is not None:
+        threading.Thread(target=stop_when_parent_goes, args=(parent_pid, stop), daemon=True).start()
     print(f"deploy.llm: serving {cfg.model_path} on {cfg.base_url}", file=sys.stderr, flush=True)
     server = xllamacpp.Server(params)  # loads the model and starts the HTTP threads; returns
     stop.wait()
@@ -266,8 +282,9 @@ def _load_config(state_dir: Path) -> ServerConfig | None:
         return None
 
 
-def _child_argv(cfg: ServerConfig) -> list[str]:
-    return [sys.executable, "-m", "deploy.llm", "_serve", "--config", json.dumps(cfg.to_json(), sort_keys=True)]
+def _child_argv(cfg: ServerConfig, parent_pid: int | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "deploy.llm", "_serve", "--config", json.dumps(cfg.to_json(), sort_keys=True)]
+    return argv if parent_pid is None else [*argv, "--parent-pid", str(parent_pid)]
 
 
 def _same_server(a: ServerConfig, b: ServerConfig) -> bool:
@@ -275,14 +292,19 @@ def _same_server(a: ServerConfig, b: ServerConfig) -> bool:
 
 
 def up(
-    cfg: ServerConfig | None = None, state_dir: Path | None = None, timeout_s: float = 600.0
+    cfg: ServerConfig | None = None,
+    state_dir: Path | None = None,
+    timeout_s: float = 600.0,
+    *,
+    tied_to_caller: bool = False,
 ) -> tuple[ServerConfig, bool]:
     """Make sure the model server of ``cfg`` runs and answers /health; return (config, started_here).
 
     Reuses a server recorded in ``state_dir`` with the same settings; refuses one with other settings
-    (stop it first). ``timeout_s`` bounds the wait for /health (loading + warm-up), not the one-time
-    assembly of the weights. Raises LLMDeployError/DeployError (missing extra, wrong sha256, port in use,
-    early exit with the log's last lines).
+    (stop it first). A server started ``tied_to_caller`` stops when this process ends, however it ends (a test
+    fixture's server must not outlive a killed test run); otherwise it runs until ``down``. ``timeout_s``
+    bounds the wait for /health (loading + warm-up), not the one-time assembly of the weights. Raises
+    LLMDeployError/DeployError (missing extra, wrong sha256, port in use, early exit with the log's last lines).
     """
     wanted = cfg or make_config()
     state_dir = prepare_state_dir(state_dir or default_state_dir())
@@ -305,7 +327,8 @@ def up(
         require_free(wanted.port, "local LLM")
         cfg = ServerConfig(**{**wanted.to_json(), "model_path": str(path)})
         started = time.monotonic()
-        record = spawn(state_dir, SERVICE, _child_argv(cfg), state_dir, cfg.port)
+        parent = os.getpid() if tied_to_caller else None
+        record = spawn(state_dir, SERVICE, _child_argv(cfg, parent), state_dir, cfg.port)
         try:
             wait_ready(state_dir, record, lambda: healthy(cfg.port), time.monotonic() + timeout_s, timeout_s)
         except BaseException:
@@ -416,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_parser.add_argument("--json", action="store_true")
     serve = sub.add_parser("_serve", help=argparse.SUPPRESS)  # the background child itself
     serve.add_argument("--config", required=True)
+    serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process is gone")
     return parser
 
 
@@ -447,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(sig, exit_on_signal)
     try:
         if args.command == "_serve":
-            return serve_forever(ServerConfig.from_json(json.loads(args.config)))
+            return serve_forever(ServerConfig.from_json(json.loads(args.config)), args.parent_pid)
         return run_command(args.command, args)
     except DeployError as exc:
         print(f"deploy.llm: error: {exc}", file=sys.stderr)

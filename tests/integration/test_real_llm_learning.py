@@ -48,7 +48,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[d
     questions = real_model_questions()
     state_dir = tmp_path_factory.mktemp("llm-state")
     cfg = llm.make_config(model=model, port=free_port(), slots=2, ctx=8192)
-    running, _ = llm.up(cfg, state_dir, timeout_s=600)
+    running, _ = llm.up(cfg, state_dir, timeout_s=600, tied_to_caller=True)
     try:
         traces = real_traces(running.base_url, llm.ALIAS, questions, concurrency=2)
         yield running.base_url, traces

@@ -63,7 +63,7 @@ def test_real_server_answers_a_strict_json_schema_and_stops(tmp_path: Path) -> N
     model = installed_model()
     cfg = llm.make_config(model=model, port=free_port(), slots=1, ctx=2048)
     state_dir = tmp_path / "state"
-    running, started = llm.up(cfg, state_dir, timeout_s=600)
+    running, started = llm.up(cfg, state_dir, timeout_s=600, tied_to_caller=True)
     record = read_record(state_dir.resolve(), llm.SERVICE)
     assert started and record is not None
     try:

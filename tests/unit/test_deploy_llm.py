@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -365,3 +367,42 @@ def test_dev_up_llm_and_dev_down(
     args = build_parser().parse_args(argv)
     assert args.func(args) == 0
     assert calls == {"local": local_calls, "llm": llm_calls}
+
+
+def test_a_server_tied_to_its_caller_stops_when_the_caller_is_gone(tmp_path: Path) -> None:
+    # A stand-in for `_serve --parent-pid`: a grandchild watches its parent (the middle process), which is
+    # then killed, as a test run is; the watch must end it without anyone calling down().
+    watching, done = tmp_path / "watching", tmp_path / "stopped"
+    grandchild = (
+        "import sys, threading; from deploy.llm import stop_when_parent_goes; stop = threading.Event(); "
+        f"open({str(watching)!r}, 'w').close(); "
+        f"stop_when_parent_goes(int(sys.argv[1]), stop, poll_s=0.05); open({str(done)!r}, 'w').write('yes')"
+    )
+    middle = (
+        "import os, subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}, str(os.getpid())]); time.sleep(600)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", middle], cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 30
+        while not watching.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watching.exists()
+        time.sleep(0.2)  # a few polls while the parent lives: the watch must not fire
+        assert not done.exists()
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done.read_text() == "yes"
+    finally:
+        proc.kill()
+
+
+def test_only_a_tied_server_is_told_its_parent() -> None:
+    cfg = llm.make_config()
+    assert "--parent-pid" not in llm._child_argv(cfg)
+    assert llm._child_argv(cfg, 4242)[-2:] == ["--parent-pid", "4242"]
+    args = llm.build_parser().parse_args(llm._child_argv(cfg, 4242)[3:])
+    assert args.parent_pid == 4242
