@@ -3,8 +3,8 @@
 A trace is untrusted input (docs/security.md): :mod:`combee.guard` screens what a lesson says; this module
 decides whether enough independent runs said it. Applied by :func:`combee.engine.finish_ops` last, to the
 operations that would otherwise be applied (after near duplicates are folded, so an ADD folded into an
-UPDATE of an established bullet is judged as that UPDATE). The rules (:class:`Corroboration`; the defaults
-change nothing):
+UPDATE of an established bullet is judged as that UPDATE). The rules (:class:`Corroboration`; by default only
+the harmful-tag rule holds anything back):
 
 * **Teachers.** An operation's teachers are its source traces, each counted as its producer
   (``metadata.producer``) when the trace names one, else as itself: ten traces of one producer are one
@@ -19,8 +19,12 @@ change nothing):
   it. The same holds for an UPDATE or a REMOVE of an *established* bullet (``helpful`` ≥
   ``established_helpful``, or pinned): pending until k teachers asked for it (UPDATEs of one bullet corroborate
   one another when their texts are near duplicates; REMOVEs of one bullet always do). An UPDATE or REMOVE of a
-  bullet not yet established passes as before. Harmful tags on an established bullet count only when at least
-  k reflections of the window tagged it harmful (:func:`corroborate_tags`; tags carry no producer).
+  bullet not yet established passes as before.
+* **Harmful tags** (``harmful_tags``, default 2): harmful tags on an established bullet count only when at
+  least that many reflections of the window (and at least k) tagged it harmful (:func:`corroborate_tags`).
+  A trace reports which bullets its agent used and whether it succeeded, so without this rule one crafted
+  failure marks any lesson harmful; the red-team suite saw it on the real model (docs/results/redteam-real).
+  Tags carry no producer: two traces of one producer in one window still count twice.
 * **Pending pool.** Pending lessons stay across windows until they are corroborated, their bullet goes away
   (an UPDATE or REMOVE of a bullet no longer there is dropped), or the pool is over ``max_pending``: the
   least recently supported go first (counted ``expired``). The pool is state beside the playbook (the stream
@@ -61,17 +65,19 @@ _MAX_TRACES = 64  # trace ids kept per pending lesson (its teachers are counted 
 
 @dataclass(frozen=True)
 class Corroboration:
-    """A namespace's corroboration rules (module docstring). The defaults hold nothing back."""
+    """A namespace's corroboration rules (module docstring). By default only a lone harmful tag on an established
+    bullet is held back."""
 
     min_traces: int = 1
     trace_cap: int | None = None
     producer_cap: int | None = None
     established_helpful: int = 1
     max_pending: int = 256
+    harmful_tags: int = 2
 
     def __post_init__(self) -> None:
-        if self.min_traces < 1 or self.established_helpful < 1 or self.max_pending < 0:
-            raise ValueError("min_traces and established_helpful must be >= 1, max_pending >= 0")
+        if min(self.min_traces, self.established_helpful, self.harmful_tags) < 1 or self.max_pending < 0:
+            raise ValueError("min_traces, established_helpful and harmful_tags must be >= 1, max_pending >= 0")
         if any(c is not None and c < 1 for c in (self.trace_cap, self.producer_cap)):
             raise ValueError("a cap must be >= 1 (or None: no cap)")
 
@@ -335,14 +341,16 @@ def corroborate_tags(
     tag_counts: Mapping[str, tuple[int, int]], playbook: Playbook, policy: Corroboration
 ) -> tuple[dict[str, tuple[int, int]], int]:
     """``tag_counts`` (``{bullet_id: (helpful, harmful)}`` of one window) with the harmful tags of an established
-    bullet dropped when fewer than ``min_traces`` reflections gave them; and how many tags were dropped. (Every
-    reflection is one trace's; tags carry no producer, so they are counted per trace.)"""
-    if policy.min_traces <= 1:
+    bullet dropped when fewer than ``harmful_tags`` (or ``min_traces``, the larger) reflections gave them; and how
+    many tags were dropped. (Every reflection is one trace's; tags carry no producer, so they are counted per
+    trace.)"""
+    needed = max(policy.min_traces, policy.harmful_tags)
+    if needed <= 1:
         return dict(tag_counts), 0
     out: dict[str, tuple[int, int]] = {}
     dropped = 0
     for bullet_id, (helpful, harmful) in tag_counts.items():
-        if 0 < harmful < policy.min_traces and established(playbook, bullet_id, policy):
+        if 0 < harmful < needed and established(playbook, bullet_id, policy):
             dropped += harmful
             harmful = 0
         out[bullet_id] = (helpful, harmful)

@@ -151,6 +151,9 @@ class Settings(StreamSettings):
     corroborate_producer_cap: int | None = Field(default=None, ge=1)
     # Pending lessons kept per namespace (the least recently supported go first).
     corroborate_max_pending: int = Field(default=256, ge=0)
+    # Harmful tags on an established bullet count only when at least this many reflections of one window gave
+    # them (and at least corroborate_min_traces): one failed run cannot mark a proven lesson harmful. 1: off.
+    corroborate_harmful_tags: int = Field(default=2, ge=1)
     # --- promotion (docs/promotion.md) ---
     # What agents are served of a namespace that has no policy of its own (`combee prompt policy` sets one, kept
     # in Redis): direct = every new version at once (as before promotion existed); manual = candidates wait for

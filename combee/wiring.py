@@ -219,6 +219,7 @@ def method_config(settings: Settings, method: str, group_factor: float = 1.0) ->
             producer_cap=settings.corroborate_producer_cap,
             established_helpful=settings.corroborate_established_helpful,
             max_pending=settings.corroborate_max_pending,
+            harmful_tags=settings.corroborate_harmful_tags,
         ),
         corroboration_namespaces=tuple(sorted(settings.corroborate_namespaces.items())),
     )

@@ -362,7 +362,11 @@ def run_bench(
         "profile": config.profile if external is None else external.get("profile", "external"),
         "merge_capacity_factors": list(config.merge_factors),
         "labels": config.labels,
-        "corroboration": {"min_traces": config.corroborate, "trace_cap": config.trace_cap},
+        "corroboration": {
+            "min_traces": config.corroborate,
+            "trace_cap": config.trace_cap,
+            "harmful_tags": config.harmful_tags,
+        },
         "fixed_budget_tokens": FIXED_BUDGET,
         "n_traces": config.n_traces,
         "seed": config.seeds[0],

@@ -80,6 +80,7 @@ class RunSpec:
     # corroboration (combee.corroborate): distinct traces a lesson needs, and new bullets per trace per window
     corroborate: int = 1
     trace_cap: int | None = None
+    harmful_tags: int = 2  # reflections that must agree before an established bullet counts as harmful
 
     @property
     def key(self) -> str:
@@ -101,6 +102,8 @@ class RunSpec:
             parts.append(f"c{self.corroborate}")
         if self.trace_cap is not None:
             parts.append(f"tc{self.trace_cap}")
+        if self.harmful_tags != 2:
+            parts.append(f"ht{self.harmful_tags}")
         parts += [f"s{self.seed}", f"n{self.n_traces}"]
         return "-".join(parts)
 
@@ -158,6 +161,7 @@ class BenchConfig:
     # corroboration of every run (combee.corroborate; 1 and None: off, the default)
     corroborate: int = 1
     trace_cap: int | None = None
+    harmful_tags: int = 2
     requests_per_minute: int | None = None  # overrides of the profile's rate limits (None: the profile's)
     tokens_per_minute: int | None = None
     base_url: str | None = None
@@ -261,7 +265,10 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
             runs.append(RunSpec("sequential", 1, seed, big, kind="scale", time_scale=config.scale_time_scale))
             runs.append(RunSpec("combee", big, seed, big, kind="scale", time_scale=config.scale_time_scale))
     runs = [r if r.kind == "sweep" else replace(r, merge_factor=first) for r in runs]
-    runs = [replace(r, corroborate=config.corroborate, trace_cap=config.trace_cap) for r in runs]
+    runs = [
+        replace(r, corroborate=config.corroborate, trace_cap=config.trace_cap, harmful_tags=config.harmful_tags)
+        for r in runs
+    ]
     keys = [r.key for r in runs]
     if len(keys) != len(set(keys)):  # pragma: no cover - a planning bug
         raise AssertionError("duplicate runs planned")

@@ -144,7 +144,9 @@ def method_config(spec: RunSpec) -> MethodConfig:
         max_fan_in=spec.max_fan_in,
         group_factor=spec.group_factor,
         shuffle_key=spec.shuffle_key,
-        corroboration=Corroboration(min_traces=spec.corroborate, trace_cap=spec.trace_cap),
+        corroboration=Corroboration(
+            min_traces=spec.corroborate, trace_cap=spec.trace_cap, harmful_tags=spec.harmful_tags
+        ),
     )
 
 

@@ -160,6 +160,11 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="distinct traces every run's lessons need before they go live (combee/corroborate.py; default 1: off)",
     )
     g.add_argument("--trace-cap", type=int, help="new bullets one trace may source per window (default: no cap)")
+    g.add_argument(
+        "--harmful-tags",
+        type=int,
+        help="reflections of one window that must tag an established bullet harmful before it counts (default 2)",
+    )
     s.add_argument("--time-scale", type=_non_negative, help=f"simulator delay multiplier (default {d.time_scale})")
     s.add_argument("--base-url", help="use a running Combee simulator (its time_scale is read from it)")
     s.add_argument("--world", help=f"simulated world (default {d.world})")
@@ -200,6 +205,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "labels": "labels",
         "corroborate": "corroborate",
         "trace_cap": "trace_cap",
+        "harmful_tags": "harmful_tags",
         "rpm": "requests_per_minute",
         "tpm": "tokens_per_minute",
         "base_url": "base_url",

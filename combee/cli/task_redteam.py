@@ -71,7 +71,8 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "endpoint": display_url(settings.openai_base_url),
         "seed": args.seed,
         "method": f"{method.method.value}, reduce shape {method.shuffle_key}, p {method.p}, screen "
-        f"{'on' if method.screen else 'off'}, guard on, corroboration min_traces {method.corroboration.min_traces}",
+        f"{'on' if method.screen else 'off'}, guard on, corroboration min_traces {method.corroboration.min_traces}, "
+        f"harmful tags {method.corroboration.harmful_tags}",
         "batch": batch,
         "windows": result.windows,
         "genuine_source": str(traces),

@@ -122,11 +122,23 @@ def test_harmful_tags_on_an_established_bullet_need_k_reflections():
     assert corroborate_tags(tags, _playbook(helpful=4), Corroboration()) == (tags, 0)
 
 
+def test_by_default_one_failed_run_cannot_mark_an_established_bullet_harmful():
+    default = Corroboration()
+    one, two = {"b00001": (0, 1)}, {"b00001": (0, 2)}
+    assert corroborate_tags(one, _playbook(helpful=4), default) == ({"b00001": (0, 0)}, 1)
+    assert corroborate_tags(one, _playbook(pinned=True), default) == ({"b00001": (0, 0)}, 1)
+    assert corroborate_tags(two, _playbook(helpful=4), default) == (two, 0)  # two reflections agree
+    assert corroborate_tags(one, _playbook(helpful=0), default) == (one, 0)  # not established: counts at once
+    assert corroborate_tags(one, _playbook(helpful=4), Corroboration(harmful_tags=1)) == (one, 0)  # off
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
         Corroboration(min_traces=0)
     with pytest.raises(ValueError):
         Corroboration(trace_cap=0)
+    with pytest.raises(ValueError):
+        Corroboration(harmful_tags=0)
 
 
 def test_finish_ops_holds_an_uncorroborated_lesson_and_releases_it_when_corroborated():
