@@ -32,17 +32,18 @@ LESSON_PATTERN = r"^[^\x00-\x20\x7f-\xa0" + _BLANK_UNICODE + "].{0," + str(LIMIT
 """A lesson's text as the parser accepts it: one line that starts with a visible character, at most
 ``bullet_chars`` long.
 
-The parser's rule, not the schema's: the schema sends only the length (:data:`LESSON_SCHEMA`). With a
-``pattern`` on the lesson, llama.cpp (xllamacpp 2026.10.11549, the deploy's server) stops enforcing the whole
-schema: measured on a recorded curator request, the model then answered in a Markdown code fence with ``//``
-comments and the server's own output parser refused the answer with HTTP 500 (every pattern tried, from this one
-to ``^[^ ]{1,600}$``); without the pattern the same request came back as schema-valid JSON and ``maxLength`` was
-honoured (docs/results/controller-formula-real/README.md). A blank lesson is dropped by the parser and listed
-as invalid."""
+The parser's rule, not the schema's: the schema sends only the length (:data:`LESSON_SCHEMA`). With this
+pattern in the schema, llama.cpp (xllamacpp 2026.10.11549, the deploy's server) did not hold the model to the
+schema: curator answers came back in a Markdown fence with ``//`` comments, which the server's own output parser
+then refused with HTTP 500 (docs/results/controller-formula-real/). Replayed by hand while fixing it, the
+refused request came back as schema-valid JSON once the pattern was removed, and failed with every pattern tried
+(down to ``^[^ ]{1,600}$``); that request was not kept, and a later probe with two other requests did not
+reproduce the failure (docs/results/controller-formula-real-2/). A blank lesson is dropped by the parser and
+listed as invalid."""
 
 
 LESSON_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": LIMITS.bullet_chars}
-"""The lesson as the schema sends it: only what every endpoint enforces."""
+"""The lesson as the schema sends it: only its length limits (the rest of LESSON_PATTERN is the parser's)."""
 
 
 _TAG_VALUES = [t.value for t in Tag]
