@@ -1,6 +1,7 @@
 """Send one recorded curator request three times to the model server: as recorded (the lesson schema without a
 pattern, since c1b5d0b: minLength 1, maxLength 600), with LESSON_PATTERN added to that, and with the lesson
-schema as it was before c1b5d0b (maxLength 600 and LESSON_PATTERN, no minLength). Prints one JSON line per variant: HTTP status, whether the answer came back in a Markdown fence, and the start of the answer
+schema as it was before c1b5d0b (maxLength 600 and LESSON_PATTERN, no minLength). Prints one JSON line per
+variant: HTTP status, whether the answer came back in a Markdown fence, and the start of the answer
 or error. With --ask-fence the system message also asks for a fenced answer, which only a server that enforces
 the schema can stop. Usage: python pattern_probe.py REQUEST.json [--ask-fence] [BASE]
 (BASE default http://127.0.0.1:8090). A fourth variant sends no response_format at all: what the model writes
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from combee.prompts.schemas import LESSON_PATTERN, LESSON_SCHEMA
 
@@ -42,7 +44,7 @@ def send(base, body):
 args = sys.argv[1:]
 ask_fence = "--ask-fence" in args
 args = [a for a in args if a != "--ask-fence" and not a.startswith("--only=")]
-body = json.load(open(args[0]))
+body = json.loads(Path(args[0]).read_text())
 base = args[1] if len(args) > 1 else "http://127.0.0.1:8090"
 if ask_fence:
     body["messages"][0]["content"] += " Always write your answer inside a ```json Markdown code fence."
