@@ -103,7 +103,7 @@ class MethodConfig:
     retry_temperatures: tuple[float, ...] = RETRY_TEMPERATURES
     policy: ApplyPolicy = field(default_factory=ApplyPolicy)
     # How many independent teachers a lesson needs, and how many bullets one trace or producer may add per
-    # window (combee.corroborate; the default holds nothing back).
+    # window (combee.corroborate; by default only a lone harmful tag on an established bullet is held back).
     corroboration: Corroboration = field(default_factory=Corroboration)
     corroboration_namespaces: tuple[tuple[str, int], ...] = ()  # (namespace, min_traces) overrides
 
