@@ -100,10 +100,10 @@ class LLMRateLimited(LLMError):
 class LLMParseError(LLMError, ValueError):
     """An LLM answer did not parse into the expected structure. Never applied half-parsed.
 
-        ``kind`` names the failure for counting (``empty``, ``not_json``, ``not_object``, ``ambiguous``,
-        ``missing_key``, ``bad_shape``, ``too_many``, ``no_valid_items``, ``refused_by_server``: the server would not
-    return the answer it generated, see :data:`combee.llm.REFUSED_BY_SERVER`); the message says precisely what was
-        wrong, in words a model can act on when it is sent back as a repair turn.
+    ``kind`` names the failure for counting (``empty``, ``not_json``, ``not_object``, ``ambiguous``,
+    ``missing_key``, ``bad_shape``, ``too_many``, ``no_valid_items``, ``refused_by_server``: the server would
+    not return the answer it generated, see :data:`combee.llm.REFUSED_BY_SERVER`); the message says precisely
+    what was wrong, in words a model can act on when it is sent back as a repair turn.
     """
 
     def __init__(self, message: str, kind: str = "invalid") -> None:

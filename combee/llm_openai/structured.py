@@ -57,12 +57,17 @@ def response_format_for(mode: StructuredMode | None, name: str, schema: dict[str
     return {"type": "json_object"}
 
 
-def mentions_structured_output(exc: openai.APIStatusError) -> bool:
+def _error_text(exc: openai.APIStatusError) -> str:
+    """The error's message and body, lower-cased, for the word checks below."""
     try:
         body = json.dumps(exc.body, default=str)
     except (TypeError, ValueError):
         body = str(exc.body)
-    text = f"{exc.message} {body}".lower()
+    return f"{exc.message} {body}".lower()
+
+
+def mentions_structured_output(exc: openai.APIStatusError) -> bool:
+    text = _error_text(exc)
     return any(word in text for word in _STRUCTURED_OUTPUT_WORDS)
 
 
@@ -73,5 +78,5 @@ def refused_output(exc: openai.APIStatusError) -> bool:
     """
     if exc.status_code < 500:
         return False
-    text = f"{exc.message} {exc.body}".lower()
+    text = _error_text(exc)
     return any(words in text for words in _REFUSED_OUTPUT_WORDS)
