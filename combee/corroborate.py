@@ -46,6 +46,7 @@ from combee.embeddings import NearDuplicates
 from combee.models import GENERAL_SECTION, LIMITS, AddOp, BulletId, DeltaOp, Playbook, RemoveOp, Section, UpdateOp
 
 __all__ = [
+    "DEFAULT_HARMFUL_TAGS",
     "HELD_REASONS",
     "Corroborated",
     "Corroboration",
@@ -60,6 +61,9 @@ __all__ = [
 HELD_REASONS = ("pending", "trace_cap", "producer_cap", "expired", "harmful_tag")
 """Why an operation did not go live in its window (a bounded set: it labels a metric)."""
 
+DEFAULT_HARMFUL_TAGS = 2
+"""Reflections of one window that must tag an established bullet harmful before the tags count (module docstring)."""
+
 _MAX_TRACES = 64  # trace ids kept per pending lesson (its teachers are counted from them)
 
 
@@ -73,7 +77,7 @@ class Corroboration:
     producer_cap: int | None = None
     established_helpful: int = 1
     max_pending: int = 256
-    harmful_tags: int = 2
+    harmful_tags: int = DEFAULT_HARMFUL_TAGS
 
     def __post_init__(self) -> None:
         if min(self.min_traces, self.established_helpful, self.harmful_tags) < 1 or self.max_pending < 0:

@@ -14,6 +14,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from combee.controller import DEFAULT_BS, DEFAULT_BS_MAX, DEFAULT_BS_MIN, DEFAULT_TRIAL_SIZES
+from combee.corroborate import DEFAULT_HARMFUL_TAGS
 from combee.dedup import DEFAULT_THRESHOLD
 from combee.llm import DEFAULT_REASONING_MODELS, Role
 from combee.plan import DEFAULT_SHUFFLE_KEY, ShuffleKey
@@ -153,7 +154,7 @@ class Settings(StreamSettings):
     corroborate_max_pending: int = Field(default=256, ge=0)
     # Harmful tags on an established bullet count only when at least this many reflections of one window gave
     # them (and at least corroborate_min_traces): one failed run cannot mark a proven lesson harmful. 1: off.
-    corroborate_harmful_tags: int = Field(default=2, ge=1)
+    corroborate_harmful_tags: int = Field(default=DEFAULT_HARMFUL_TAGS, ge=1)
     # --- promotion (docs/promotion.md) ---
     # What agents are served of a namespace that has no policy of its own (`combee prompt policy` sets one, kept
     # in Redis): direct = every new version at once (as before promotion existed); manual = candidates wait for

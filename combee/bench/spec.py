@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from combee.controller import DEFAULT_BS_MAX, DEFAULT_TRIAL_SIZES
+from combee.corroborate import DEFAULT_HARMFUL_TAGS
 from combee.plan import DEFAULT_SHUFFLE_KEY
 
 __all__ = [
@@ -80,7 +81,7 @@ class RunSpec:
     # corroboration (combee.corroborate): distinct traces a lesson needs, and new bullets per trace per window
     corroborate: int = 1
     trace_cap: int | None = None
-    harmful_tags: int = 2  # reflections that must agree before an established bullet counts as harmful
+    harmful_tags: int = DEFAULT_HARMFUL_TAGS  # reflections that must agree before a proven bullet counts as harmful
 
     @property
     def key(self) -> str:
@@ -102,7 +103,7 @@ class RunSpec:
             parts.append(f"c{self.corroborate}")
         if self.trace_cap is not None:
             parts.append(f"tc{self.trace_cap}")
-        if self.harmful_tags != 2:
+        if self.harmful_tags != DEFAULT_HARMFUL_TAGS:
             parts.append(f"ht{self.harmful_tags}")
         parts += [f"s{self.seed}", f"n{self.n_traces}"]
         return "-".join(parts)
@@ -161,7 +162,7 @@ class BenchConfig:
     # corroboration of every run (combee.corroborate; 1 and None: off, the default)
     corroborate: int = 1
     trace_cap: int | None = None
-    harmful_tags: int = 2
+    harmful_tags: int = DEFAULT_HARMFUL_TAGS
     requests_per_minute: int | None = None  # overrides of the profile's rate limits (None: the profile's)
     tokens_per_minute: int | None = None
     base_url: str | None = None
