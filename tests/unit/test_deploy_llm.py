@@ -375,6 +375,8 @@ def test_a_server_tied_to_its_caller_stops_when_the_caller_is_gone(tmp_path: Pat
     watching, done = tmp_path / "watching", tmp_path / "stopped"
     grandchild = (
         "import sys, threading; from deploy.llm import stop_when_parent_goes; stop = threading.Event(); "
+        # Ends by itself after 60 s (long after the test gave up on it) should the watch never fire.
+        "timer = threading.Timer(60, stop.set); timer.daemon = True; timer.start(); "
         f"open({str(watching)!r}, 'w').close(); "
         f"stop_when_parent_goes(int(sys.argv[1]), stop, poll_s=0.05); open({str(done)!r}, 'w').write('yes')"
     )
