@@ -18,7 +18,7 @@ from combee.quarantine import quarantined
 from streams.envelopes import DeltaRecord
 from workers.combiner.commit import commit
 from workers.combiner.pending import keep_pending, pending_pool
-from workers.context import StageContext
+from workers.combiner.port import CombinerPort
 from workers.runtime import NamespaceRuntime
 from workers.tenure import OpenWindow
 
@@ -27,7 +27,7 @@ __all__ = ["apply_window"]
 log = logging.getLogger("combee.worker.combine")
 
 
-async def apply_window(ctx: StageContext, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> bool:
+async def apply_window(ctx: CombinerPort, rt: NamespaceRuntime, w: OpenWindow, ops: tuple[DeltaOp, ...]) -> bool:
     """Apply a finished window that is next in sequence; False when it was not committed (fenced)."""
     plan, state = w.plan, rt.combining
     assert plan is not None and state is not None

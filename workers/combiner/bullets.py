@@ -10,7 +10,7 @@ from combee.models import Playbook
 from combee.quarantine import UnknownBullet, release, remove_bullet, remove_bullets, set_pinned
 from streams.envelopes import Control
 from workers.combiner.commit import commit_control, snapshot_of
-from workers.context import StageContext
+from workers.combiner.port import CombinerPort
 from workers.runtime import NamespaceRuntime
 
 __all__ = ["operate"]
@@ -18,7 +18,7 @@ __all__ = ["operate"]
 log = logging.getLogger("combee.worker.combine")
 
 
-async def _next(ctx: StageContext, current: Playbook, ctrl: Control, wid: str) -> tuple[Playbook, str | None]:
+async def _next(ctx: CombinerPort, current: Playbook, ctrl: Control, wid: str) -> tuple[Playbook, str | None]:
     """The playbook the action makes, and the quarantine id it resolves. Raises UnknownBullet."""
     bullet_id = ctrl.bullet_id or ""
     if ctrl.kind == "release":
@@ -33,7 +33,7 @@ async def _next(ctx: StageContext, current: Playbook, ctrl: Control, wid: str) -
     return set_pinned(current, bullet_id, ctrl.kind == "pin"), None
 
 
-async def operate(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:
+async def operate(ctx: CombinerPort, rt: NamespaceRuntime, ctrl: Control) -> None:
     """Apply an operator's action on one bullet (or a remove of several, ``bullet_ids``) as the next version
     (nothing, and an error logged, when a bullet is not there or Redis cannot be read)."""
     assert rt.tenure is not None

@@ -22,7 +22,7 @@ from streams.deltalog import (
 )
 from streams.envelopes import Claim, DeltaRecord
 from workers.combiner.commit import CHECKPOINT, remember
-from workers.context import StageContext
+from workers.combiner.port import CombinerPort
 from workers.runtime import NamespaceRuntime
 from workers.tenure import Tenure
 
@@ -32,7 +32,7 @@ log = logging.getLogger("combee.worker.combine")
 CLAIM_KEY = "__claim__"
 
 
-def bind(ctx: StageContext, tenure: Tenure, namespace: str) -> NamespaceRuntime:
+def bind(ctx: CombinerPort, tenure: Tenure, namespace: str) -> NamespaceRuntime:
     """The namespace's runtime, bound to the combiner's state of it under ``tenure`` (the runtime object stays
     across tenures: the map stage may be waiting on its ``applied`` condition)."""
     rt = ctx.runtime(namespace)
@@ -41,7 +41,7 @@ def bind(ctx: StageContext, tenure: Tenure, namespace: str) -> NamespaceRuntime:
     return rt
 
 
-async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
+async def ensure_ready(ctx: CombinerPort, partition: int) -> Tenure:
     """Claim ``partition`` of the deltas log, recover its snapshots and replay the log up to the claim.
 
     The claim comes first: from its offset on, a record of any earlier owner is fenced, so the replay — from
@@ -90,7 +90,7 @@ async def ensure_ready(ctx: StageContext, partition: int) -> Tenure:
         return tenure
 
 
-def _void(ctx: StageContext, tenure: Tenure) -> Tenure:
+def _void(ctx: CombinerPort, tenure: Tenure) -> Tenure:
     """A claim revoked while it was being readied (a rebalance got in at one of the awaits): never made ready
     nor left bound, so the caller sees it is not current and leaves its record to the partition's owner."""
     log.info("partition %d: revoked while its claim at %d was being readied", tenure.partition, tenure.epoch)
@@ -101,7 +101,7 @@ def _void(ctx: StageContext, tenure: Tenure) -> Tenure:
     return tenure
 
 
-async def _replay(ctx: StageContext, tenure: Tenure, start: Position) -> tuple[int, int]:
+async def _replay(ctx: CombinerPort, tenure: Tenure, start: Position) -> tuple[int, int]:
     """Apply the valid records after ``start`` up to the tenure's claim; returns (replayed, fenced)."""
     tracker = ClaimTracker(start.epoch)
     replayed = fenced = 0

@@ -18,8 +18,8 @@ from combee.playbook import render_prompt
 from combee.promptdiff import PROVENANCE_KEY, provenance_entry
 from streams.deltalog import encode_checkpoint
 from streams.envelopes import DeltaRecord, Snapshot
+from workers.combiner.port import CombinerPort
 from workers.combiner.quarantine import remember_quarantine
-from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 from workers.tenure import Tenure
 
@@ -36,7 +36,7 @@ def snapshot_of(rt: NamespaceRuntime) -> Snapshot | None:
 
 
 async def commit(
-    ctx: StageContext, rt: NamespaceRuntime, record: DeltaRecord, playbook: Playbook, next_seq: int, source: str | None
+    ctx: CombinerPort, rt: NamespaceRuntime, record: DeltaRecord, playbook: Playbook, next_seq: int, source: str | None
 ) -> bool:
     """Log the record (the commit point); if no other claim came before it, snapshot, checkpoint and offer the
     version to Redis. False when it was not logged (the tenure is over) or was fenced (nothing else written)."""
@@ -63,7 +63,7 @@ async def commit(
 
 
 async def commit_control(
-    ctx: StageContext, rt: NamespaceRuntime, playbook: Playbook, wid: str, note: str, **extra: object
+    ctx: CombinerPort, rt: NamespaceRuntime, playbook: Playbook, wid: str, note: str, **extra: object
 ) -> bool:
     """Commit an operator's ``playbook`` (a rollback, an action on a bullet) as the namespace's next version:
     a delta record with no trace and the resulting playbook (a replay needs nothing else), committed like a
@@ -88,7 +88,7 @@ async def commit_control(
     return await commit(ctx, rt, record, playbook, snap.next_seq if snap is not None else 0, None)
 
 
-def _stand_down(ctx: StageContext, tenure: Tenure) -> None:
+def _stand_down(ctx: CombinerPort, tenure: Tenure) -> None:
     """Another process owns the partition: drop the combiner's state of it, ack nothing of it, and do not claim
     it again until it is revoked (a revocation makes it claimable; the new owner redoes the open windows)."""
     tenure.stand_down()
@@ -96,12 +96,12 @@ def _stand_down(ctx: StageContext, tenure: Tenure) -> None:
         ctx.snapshots.forget(tenure.partition)  # the map stage re-reads it; the partition stays "ready" (fenced)
 
 
-def is_current(ctx: StageContext, tenure: Tenure) -> bool:
+def is_current(ctx: CombinerPort, tenure: Tenure) -> bool:
     return ctx.tenures.is_current(tenure)
 
 
 async def remember(
-    ctx: StageContext,
+    ctx: CombinerPort,
     rt: NamespaceRuntime,
     snap: Snapshot | None,
     record: DeltaRecord,
@@ -164,7 +164,7 @@ async def remember(
             await ctx.snapshots.put_raw(tenure.partition, CHECKPOINT, encode_checkpoint(position))
 
 
-async def _announce_applied(ctx: StageContext, namespace: str) -> None:
+async def _announce_applied(ctx: CombinerPort, namespace: str) -> None:
     """Wake the map stage's waiters of ``namespace``: the snapshot it reads moved on.
 
     The waiters are on the runtime the namespace has *now* (``ctx.runtimes``), not necessarily the one the

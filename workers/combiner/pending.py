@@ -12,7 +12,7 @@ import asyncio
 import logging
 
 from combee.corroborate import Corroborated, PendingLesson
-from workers.context import StageContext
+from workers.combiner.port import CombinerPort
 from workers.tenure import Combining
 
 __all__ = ["keep_pending", "pending_pool"]
@@ -22,7 +22,7 @@ log = logging.getLogger("combee.worker.combine")
 TIMEOUT_S = 5.0
 
 
-async def pending_pool(ctx: StageContext, state: Combining) -> tuple[PendingLesson, ...]:
+async def pending_pool(ctx: CombinerPort, state: Combining) -> tuple[PendingLesson, ...]:
     """The namespace's pool (loaded from Redis the first time in ``state``'s tenure; empty while it cannot be)."""
     if state.pending is not None:
         return state.pending
@@ -37,7 +37,7 @@ async def pending_pool(ctx: StageContext, state: Combining) -> tuple[PendingLess
     return state.pending
 
 
-async def keep_pending(ctx: StageContext, state: Combining, corroborated: Corroborated | None) -> None:
+async def keep_pending(ctx: CombinerPort, state: Combining, corroborated: Corroborated | None) -> None:
     """After a committed window: the pool it left in memory, and its changes written to Redis."""
     if corroborated is None and not state.pending_unsaved:
         return

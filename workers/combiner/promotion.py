@@ -19,7 +19,7 @@ from combee.promotion import Action, Decision, plan_operator
 from combee.serving import Serving
 from streams.envelopes import Control
 from workers.combiner.commit import commit_control, snapshot_of
-from workers.context import StageContext
+from workers.combiner.port import CombinerPort
 from workers.runtime import NamespaceRuntime
 
 __all__ = ["handle_promotion", "record_decision", "reject_window_id", "restore_live", "serve_rollback"]
@@ -37,7 +37,7 @@ def _head(rt: NamespaceRuntime) -> int:
     return snap.playbook.version if snap is not None else 0
 
 
-async def handle_promotion(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:
+async def handle_promotion(ctx: CombinerPort, rt: NamespaceRuntime, ctrl: Control) -> None:
     """Apply an operator's (or the canary's) ``promote`` / ``reject`` of ``ctrl.to_version``. Caller holds rt.lock."""
     ns, version = rt.namespace, ctrl.to_version
     if ctx.serving is None:
@@ -62,7 +62,7 @@ async def handle_promotion(ctx: StageContext, rt: NamespaceRuntime, ctrl: Contro
 
 
 async def record_decision(
-    ctx: StageContext, rt: NamespaceRuntime, state: Serving, decision: Decision, head: int
+    ctx: CombinerPort, rt: NamespaceRuntime, state: Serving, decision: Decision, head: int
 ) -> bool:
     """Record ``decision`` and apply it to the serving state; False when it was stale or recorded before.
     ``head``: the namespace's newest version, through which a rejection or a served rollback rejects."""
@@ -88,7 +88,7 @@ async def record_decision(
     return True
 
 
-async def serve_rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control, head: int) -> None:
+async def serve_rollback(ctx: CombinerPort, rt: NamespaceRuntime, ctrl: Control, head: int) -> None:
     """An operator's rollback to ``ctrl.to_version`` under a policy other than ``direct``: serve that version now
     (it is published; the new head the rollback commits is a candidate like any other) and reject the candidates
     above it. Nothing to do under ``direct`` (the new head is served) or when it is served already (a rollback on
@@ -103,7 +103,7 @@ async def serve_rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control,
     await record_decision(ctx, rt, state, decision, head)
 
 
-async def restore_live(ctx: StageContext, rt: NamespaceRuntime, live: int | None, rejected: int) -> None:
+async def restore_live(ctx: CombinerPort, rt: NamespaceRuntime, live: int | None, rejected: int) -> None:
     """Commit the live version's playbook (empty: nothing live) as the next version, so the next window builds on
     what agents are served rather than on the rejected candidates. Once per rejection (its window id)."""
     snap = snapshot_of(rt)

@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from streams.envelopes import DeltaRecord
-from workers.context import StageContext
+from workers.combiner.port import CombinerPort
 
 __all__ = ["remember_quarantine"]
 
@@ -17,7 +17,7 @@ log = logging.getLogger("combee.worker.combine")
 ATTEMPTS = 8
 
 
-async def _store(ctx: StageContext, record: DeltaRecord) -> None:
+async def _store(ctx: CombinerPort, record: DeltaRecord) -> None:
     store = ctx.quarantine
     if store is None:
         return
@@ -44,7 +44,7 @@ async def _store(ctx: StageContext, record: DeltaRecord) -> None:
               record.window_id)  # fmt: skip
 
 
-def remember_quarantine(ctx: StageContext, record: DeltaRecord) -> None:
+def remember_quarantine(ctx: CombinerPort, record: DeltaRecord) -> None:
     """Store ``record``'s quarantine entries (and its release's resolution) in the background."""
     if record.quarantined or record.resolves is not None:
         ctx.spawn(_store(ctx, record))

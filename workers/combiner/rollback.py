@@ -7,8 +7,8 @@ import logging
 from combee.models import Playbook
 from streams.envelopes import Control
 from workers.combiner.commit import commit_control, snapshot_of
+from workers.combiner.port import CombinerPort
 from workers.combiner.promotion import serve_rollback
-from workers.context import StageContext
 from workers.runtime import NamespaceRuntime
 
 __all__ = ["rollback"]
@@ -16,7 +16,7 @@ __all__ = ["rollback"]
 log = logging.getLogger("combee.worker.combine")
 
 
-async def rollback(ctx: StageContext, rt: NamespaceRuntime, ctrl: Control) -> None:
+async def rollback(ctx: CombinerPort, rt: NamespaceRuntime, ctrl: Control) -> None:
     """Make the content of version ``to_version`` the next version (versions never go backwards)."""
     assert rt.tenure is not None
     snap = snapshot_of(rt)

@@ -16,7 +16,7 @@ from combee.roles import merge
 from combee.scan import ReadyNode, ReduceTracker
 from streams.envelopes import Partial, WindowPlan
 from workers.combiner.apply import apply_window
-from workers.context import StageContext
+from workers.combiner.port import CombinerPort
 from workers.runtime import NamespaceRuntime
 from workers.tenure import Combining, OpenWindow
 
@@ -25,7 +25,7 @@ __all__ = ["progress", "take"]
 log = logging.getLogger("combee.worker.combine")
 
 
-async def take(ctx: StageContext, rt: NamespaceRuntime, env: WindowPlan | Partial, event: Any) -> None:
+async def take(ctx: CombinerPort, rt: NamespaceRuntime, env: WindowPlan | Partial, event: Any) -> None:
     """Take a window plan or a partial delta of ``rt``'s namespace (``event``'s record, read under the tenure
     ``rt`` is bound to) into its open window, then :func:`progress`. A record of a window applied already is
     acked at once. Caller holds rt.lock."""
@@ -58,7 +58,7 @@ async def take(ctx: StageContext, rt: NamespaceRuntime, env: WindowPlan | Partia
     await progress(ctx, rt)
 
 
-async def progress(ctx: StageContext, rt: NamespaceRuntime) -> None:
+async def progress(ctx: CombinerPort, rt: NamespaceRuntime) -> None:
     """Start every ready merge; apply every finished window that is next in sequence. Caller holds rt.lock."""
     state = rt.combining
     if state is None or state.tenure.fenced:
@@ -83,7 +83,7 @@ def _base_playbook(state: Combining, version: int) -> Playbook:
     return state.playbooks.get(version, current)
 
 
-async def _merge(ctx: StageContext, rt: NamespaceRuntime, state: Combining, w: OpenWindow, node: ReadyNode) -> None:
+async def _merge(ctx: CombinerPort, rt: NamespaceRuntime, state: Combining, w: OpenWindow, node: ReadyNode) -> None:
     """One merge call of window ``w`` (open in ``state``), its partial sent and taken in, then :func:`progress`."""
     assert w.plan is not None
     base = _base_playbook(state, w.plan.base_version)
@@ -146,7 +146,7 @@ async def _merge(ctx: StageContext, rt: NamespaceRuntime, state: Combining, w: O
         ctx.touch()
 
 
-async def _offer_again(ctx: StageContext, rt: NamespaceRuntime, delay_s: float) -> None:
+async def _offer_again(ctx: CombinerPort, rt: NamespaceRuntime, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
     async with rt.lock:
         await progress(ctx, rt)
