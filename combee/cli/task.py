@@ -133,6 +133,13 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "overload.json's options",
     )
     p.add_argument(
+        "--reflections-from",
+        type=Path,
+        metavar="DIR",
+        help="with --overload: reduce the traces and reflections an earlier --overload run wrote into DIR (same "
+        "--n-train and --seed) instead of answering and reflecting anew",
+    )
+    p.add_argument(
         "--n-genuine", type=positive_int, help="with redteam: genuine Formula traces mixed with the attacks (24)"
     )
     p.add_argument("--traces", type=Path, help="with redteam: the genuine traces (default: the committed 64)")
@@ -230,6 +237,8 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     from combee.tasks.report import document
     from combee.tasks.run import HarnessConfig, run_harness
 
+    if args.reflections_from and not args.overload:
+        raise CliError("--reflections-from is an option of --overload")
     spec = TASKS[args.task]
     data_dir = args.data_dir or default_data_dir()
     n_train = args.n_train or (QUICK[0] if args.quick else FULL[0])
@@ -237,6 +246,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     train = pick(load_questions(data_dir / spec.train_file), n_train, args.seed, "train")
     test = pick(load_questions(data_dir / spec.test_file), n_test, args.seed, "test")
     batch = args.batch_size or n_train
+    recorded = _recorded(args.reflections_from, train) if args.reflections_from else None  # before any model starts
 
     async with contextlib.AsyncExitStack() as stack:
         settings, cards, llm_for, cache_root = await open_endpoint(args, stack, err)
@@ -244,7 +254,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         # the de-duplicator `combee learn` and the workers use (COMBEE_EMBEDDINGS), so the harness measures them
         dedup = build_near_duplicates(settings, log=None if args.quiet else lambda m: err.write(f"combee task: {m}\n"))
         if args.overload:
-            return await _run_overload(args, spec, train, settings, cards, llm_for, dedup, err)
+            return await _run_overload(args, spec, train, recorded, settings, cards, llm_for, dedup, err)
         config = HarnessConfig(
             task=spec.name,
             train=train,
@@ -298,10 +308,23 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     return doc
 
 
+def _recorded(folder: Path, train: Sequence[Any]) -> Any:
+    """The traces and reflections an earlier --overload run wrote into ``folder``, checked against ``train``."""
+    from combee.tasks.overload import check_recorded, load_recorded
+
+    try:
+        recorded = load_recorded(folder)
+        check_recorded(recorded, train)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return recorded
+
+
 async def _run_overload(
     args: argparse.Namespace,
     spec: Any,
     train: Sequence[Any],
+    recorded: Any,
     settings: Any,
     cards: Sequence[Mapping[str, Any]],
     llm_for: Any,
@@ -324,6 +347,7 @@ async def _run_overload(
         reflect_config=base,
         concurrency=settings.llm_max_concurrency,
         dedup=dedup,
+        recorded=recorded,
     )
     load_start = os.getloadavg()
     timed, _, on_phase, _ = timing_journal(args.out, enabled=not args.no_cache)

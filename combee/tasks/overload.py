@@ -13,6 +13,12 @@ playbook, and what does each reduce shape cost? Measured so that every method re
    curator call each), sequential (one reflection per window: ACE as published), and Combee's shapes over one
    window of all of them.
 
+Steps 1 and 2 can come from an earlier run instead (``--reflections-from DIR``, :func:`load_recorded`): its
+``traces.jsonl``, ``reflections.jsonl`` and ``overload.json``, for the same training questions. Then no trace is
+answered and nothing is reflected; every variant reduces the recorded reflections, so variants run on another
+day, or after a change to the reflector's request that the response cache would not match, start from the
+same reflections as the earlier run's.
+
 Per variant: entries, distinct lessons (bullets clustered by the project's embedder at its threshold,
 :mod:`combee.quality`), bullets per lesson, playbook tokens, calls, tokens, wall time and critical path (the
 sum over windows of the slowest chain of calls), lessons refused and copies folded; for a keyed variant, the
@@ -22,9 +28,11 @@ routing classes of its window. Every phase has its own response cache, and the t
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from combee.embeddings import NearDuplicates
@@ -41,9 +49,12 @@ from combee.tasks.run import LLMFactory, MeteredLLM, PhaseDone, PhaseStats, Prog
 __all__ = [
     "OverloadConfig",
     "OverloadResult",
+    "Recorded",
     "Variant",
     "VariantResult",
+    "check_recorded",
     "default_variants",
+    "load_recorded",
     "refusals",
     "run_overload",
     "same_rule",
@@ -89,6 +100,61 @@ def without(variants: Sequence[Variant], skip: Sequence[str]) -> list[Variant]:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """Traces and reflections an earlier overload run wrote, with its figures for them."""
+
+    source: str  # the folder they were read from
+    train_ids: tuple[str, ...]
+    traces: tuple[Trace, ...]
+    reflections: tuple[Reflection | None, ...]  # per trace, in trace order
+    traces_figures: Mapping[str, Any]  # overload.json's "traces" block of that run
+    reflections_figures: Mapping[str, Any]  # and its "reflections" block
+
+
+def load_recorded(folder: Path) -> Recorded:
+    """The traces and reflections an earlier ``--overload`` run wrote into ``folder``.
+
+    Raises ValueError saying what is missing or does not agree (a file, a line, trace ids out of step).
+    """
+    files = {name: folder / name for name in ("overload.json", "traces.jsonl", "reflections.jsonl")}
+    missing = [str(path) for path in files.values() if not path.is_file()]
+    if missing:
+        raise ValueError(f"not the output of a --overload run: missing {', '.join(missing)}")
+    try:
+        doc = json.loads(files["overload.json"].read_text())
+        traces = [Trace.model_validate_json(line) for line in _lines(files["traces.jsonl"])]
+        rows = [json.loads(line) for line in _lines(files["reflections.jsonl"])]
+        reflections = [None if r["reflection"] is None else Reflection.model_validate(r["reflection"]) for r in rows]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{folder}: cannot read the recorded run: {exc}") from None
+    ids = [t.trace_id for t in traces]
+    if [r["trace_id"] for r in rows] != ids or len(doc.get("train_ids", ())) != len(ids):
+        raise ValueError(f"{folder}: traces.jsonl, reflections.jsonl and overload.json's train_ids are out of step")
+    return Recorded(
+        source=str(folder),
+        train_ids=tuple(doc["train_ids"]),
+        traces=tuple(traces),
+        reflections=tuple(reflections),
+        traces_figures=doc["traces"],
+        reflections_figures=doc["reflections"],
+    )
+
+
+def check_recorded(recorded: Recorded, train: Sequence[Question]) -> None:
+    """Raises ValueError when ``recorded`` holds the traces of other training questions than ``train``."""
+    wanted = tuple(q.id for q in train)
+    if recorded.train_ids != wanted:
+        raise ValueError(
+            f"{recorded.source} holds the traces of {len(recorded.train_ids)} training questions, not this run's "
+            f"{len(wanted)}: use the --n-train and --seed of the run that wrote it"
+        )
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
 class OverloadConfig:
     task: str
     train: Sequence[Question]
@@ -96,6 +162,7 @@ class OverloadConfig:
     reflect_config: MethodConfig  # sections, screen and parse attempts of the one reflection pass
     concurrency: int = 4
     dedup: NearDuplicates | None = None
+    recorded: Recorded | None = None  # steps 1 and 2 from an earlier run (same training questions), not run here
 
 
 @dataclass
@@ -116,7 +183,7 @@ class OverloadResult:
     config: OverloadConfig
     traces: list[Trace]
     reflections: list[Reflection | None]  # per trace, in trace order; None where no answer parsed
-    reflect_meter: Meter
+    reflect_meter: Meter  # empty when the reflections were recorded (config.recorded)
     variants: list[VariantResult]
     phases: dict[str, PhaseStats]
     wall_s: float
@@ -185,7 +252,9 @@ async def run_overload(
     timed: dict[str, tuple[PhaseStats, str]] | None = None,
     on_phase: PhaseDone | None = None,
 ) -> OverloadResult:
-    """Run the three steps of the module docstring. Phases: ``traces``, ``reflect``, ``reduce-<variant>``."""
+    """Run the three steps of the module docstring. Phases: ``traces``, ``reflect``, ``reduce-<variant>``; the
+    first two are not run when ``config.recorded`` gives their outcome (ValueError when it is for other training
+    questions than ``config.train``)."""
     started = clock()
     phases: dict[str, PhaseStats] = {}
 
@@ -195,6 +264,14 @@ async def run_overload(
             phases[name] = with_timing(phases[name], earlier[0], earlier[1])
         if on_phase is not None:
             on_phase(name, phases[name])
+
+    recorded = config.recorded
+    if recorded is not None:
+        check_recorded(recorded, config.train)
+        variants = await _reduce_all(config, list(recorded.reflections), llm_for, progress, clock, phases, done)
+        return OverloadResult(
+            config, list(recorded.traces), list(recorded.reflections), Meter(), variants, phases, clock() - started
+        )
 
     empty = Playbook(namespace=config.task)
     stats = phases.setdefault("traces", PhaseStats())
@@ -221,8 +298,29 @@ async def run_overload(
     stats.wall_s = clock() - t0
     bar.close()
     done("reflect")
-    parsed = [r for r in reflections if r is not None]
+    variants = await _reduce_all(config, reflections, llm_for, progress, clock, phases, done)
+    return OverloadResult(
+        config=config,
+        traces=traces,
+        reflections=reflections,
+        reflect_meter=reflect_meter,
+        variants=variants,
+        phases=phases,
+        wall_s=clock() - started,
+    )
 
+
+async def _reduce_all(
+    config: OverloadConfig,
+    reflections: Sequence[Reflection | None],
+    llm_for: LLMFactory,
+    progress: ProgressFactory,
+    clock: Callable[[], float],
+    phases: dict[str, PhaseStats],
+    done: Callable[[str], None],
+) -> list[VariantResult]:
+    """Step 3: every variant reduces the parsed ``reflections``, one after the other (phase ``reduce-<name>``)."""
+    parsed = [r for r in reflections if r is not None]
     results: list[VariantResult] = []
     for variant in config.variants:
         name = f"reduce-{variant.name}"
@@ -243,15 +341,7 @@ async def run_overload(
             variant, playbook, meter, windows, figures.wall_s, figures.critical_path_s, size, classes, figures
         )
         results.append(row)
-    return OverloadResult(
-        config=config,
-        traces=traces,
-        reflections=reflections,
-        reflect_meter=reflect_meter,
-        variants=results,
-        phases=phases,
-        wall_s=clock() - started,
-    )
+    return results
 
 
 async def same_rule(dedup: NearDuplicates | None, playbook: Playbook) -> Callable[[str, str], bool]:

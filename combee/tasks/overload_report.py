@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from combee.tasks.overload import OverloadResult, refusals
+from combee.tasks.overload import OverloadResult, Recorded, refusals
 
 __all__ = ["document", "markdown", "write_plot"]
 
@@ -47,14 +47,24 @@ def _variant_row(v: Any) -> dict[str, Any]:
 
 def document(result: OverloadResult, meta: Mapping[str, Any]) -> dict[str, Any]:
     """The ``overload.json`` document: ``meta`` (endpoint, model, options) plus every figure."""
-    parsed = [r for r in result.reflections if r is not None]
-    labels = Counter(i.section for r in parsed for i in r.insights)
-    rm = result.reflect_meter
+    recorded = result.config.recorded
     return {
         **meta,
         "mode": "overload: one set of reflections (empty playbook), reduced by every variant",
         "n_train": len(result.config.train),
         "train_ids": [q.id for q in result.config.train],
+        **(_recorded(recorded) if recorded is not None else _reflected(result)),
+        "variants": [_variant_row(v) for v in result.variants],
+        "wall_s": round(result.wall_s, 3),
+    }
+
+
+def _reflected(result: OverloadResult) -> dict[str, Any]:
+    """The figures of this run's traces and its one reflection pass."""
+    parsed = [r for r in result.reflections if r is not None]
+    labels = Counter(i.section for r in parsed for i in r.insights)
+    rm = result.reflect_meter
+    return {
         "traces": result.phases["traces"].as_dict(),
         "reflections": {
             **result.phases["reflect"].as_dict(),
@@ -67,8 +77,15 @@ def document(result: OverloadResult, meta: Mapping[str, Any]) -> dict[str, Any]:
             "parse_failures": rm.role(_reflector()).parse_failures,
             "labels_as_written": dict(labels.most_common()),
         },
-        "variants": [_variant_row(v) for v in result.variants],
-        "wall_s": round(result.wall_s, 3),
+    }
+
+
+def _recorded(recorded: Recorded) -> dict[str, Any]:
+    """The figures of the run that recorded the traces and reflections, as it wrote them, and where they came from."""
+    return {
+        "recorded_in": recorded.source,
+        "traces": dict(recorded.traces_figures),
+        "reflections": dict(recorded.reflections_figures),
     }
 
 
@@ -79,6 +96,11 @@ def _seconds(value: float | None) -> str:
 def _load(phase: Mapping[str, Any]) -> str:
     load = phase.get("loadavg_at_end")
     return f"{load[0]:.1f}" if load else "–"
+
+
+def _recorded_in(doc: Mapping[str, Any]) -> str:
+    source = doc.get("recorded_in")
+    return f" by an earlier run (recorded in `{source}`; this run reflected nothing)" if source else ""
 
 
 def _reflector() -> Any:
@@ -99,7 +121,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"(empty playbook) → {r['parsed']} reflections ({r['unparsed']} unparsed; {r['with_insights']} with "
         f"insights, {r['insights']} insights kept; lessons refused by the screen: {refused}; sentences trimmed "
         f"from kept lessons: {trimmed}), reflected once in "
-        f"{r['wall_s']:.1f} s and reduced by every variant below from the empty playbook.",
+        f"{r['wall_s']:.1f} s{_recorded_in(doc)} and reduced by every variant below from the empty playbook.",
         "",
         "| variant | batch | windows | entries | distinct lessons | bullets / lesson | playbook tokens | calls "
         "| tokens | wall s | critical path s | load at end | copies folded | ops refused | routing classes |",

@@ -393,3 +393,52 @@ def test_a_replayed_phase_keeps_the_critical_path_of_the_run_that_filled_the_cac
     assert got.critical_path_s == 690.5
     assert PhaseStats.from_dict(got.as_dict()).critical_path_s == 690.5
     assert "critical_path_s" not in PhaseStats(wall_s=1.0).as_dict()  # a phase that measures none says none
+
+
+@pytest.mark.timeout(180)
+def test_an_overload_run_can_reduce_the_reflections_an_earlier_run_recorded_without_reflecting_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = str(_fixture_data(tmp_path))
+    first, second = tmp_path / "first", tmp_path / "second"
+    base = ["task", "formula", "--sim", "--overload", "--n-train", "3", "--n-test", "3", "--data-dir", data, "--quiet"]
+    assert main([*base, "--out", str(first), "--skip", "sequential"]) == 0
+    # the simulator finds nothing to teach in the fixture's sums: give each recorded reflection a lesson of its own
+    rows = [json.loads(line) for line in (first / "reflections.jsonl").read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["reflection"]["insights"] = [{"section": "formulas", "content": f"Lesson {i}: add both terms."}]
+    (first / "reflections.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main([*base, "--out", str(second), "--reflections-from", str(first), "--skip", "naive-b3"]) == 0
+    capsys.readouterr()
+
+    earlier = json.loads((first / "overload.json").read_text())
+    doc = json.loads((second / "overload.json").read_text())
+    assert doc["recorded_in"] == str(first) and "recorded_in" not in earlier
+    assert doc["traces"] == earlier["traces"] and doc["reflections"] == earlier["reflections"]
+    assert set(json.loads((second / "timings.json").read_text())) == {f"reduce-{v['variant']}" for v in doc["variants"]}
+    for name in ("traces.jsonl", "reflections.jsonl"):
+        assert (second / name).read_text() == (first / name).read_text()
+    assert [v["variant"] for v in doc["variants"]][-1] == "sequential" and all(v["calls"] for v in doc["variants"])
+    assert "recorded in" in (second / "overload.md").read_text()
+
+
+def test_recorded_reflections_of_other_questions_or_an_incomplete_folder_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = str(_fixture_data(tmp_path))
+    recorded = tmp_path / "recorded"
+    base = ["task", "formula", "--sim", "--overload", "--n-test", "3", "--data-dir", data, "--quiet"]
+    assert main([*base, "--n-train", "2", "--out", str(recorded), "--skip", "sequential"]) == 0
+    capsys.readouterr()
+
+    assert main([*base, "--n-train", "3", "--out", str(tmp_path / "o"), "--reflections-from", str(recorded)]) == 2
+    err = capsys.readouterr().err
+    assert "holds the traces of 2 training questions, not this run's 3" in err and err.count("\n") == 1
+
+    (recorded / "reflections.jsonl").unlink()
+    assert main([*base, "--n-train", "2", "--out", str(tmp_path / "o"), "--reflections-from", str(recorded)]) == 2
+    assert "missing" in capsys.readouterr().err
+
+    argv = ["task", "formula", "--sim", "--data-dir", data, "--out", str(tmp_path / "o"), "--quiet"]
+    assert main([*argv, "--reflections-from", str(recorded)]) == 2
+    assert "--reflections-from is an option of --overload" in capsys.readouterr().err
