@@ -65,6 +65,18 @@ _RECORD_RES = tuple(
         r"\btherefore,? the\b[^.;]{0,60}\b(is|are|was|equals?) (approximately |about )?[-$≈~]?\s?\d",
         r"\bthe (agent|model|assistant) (provided|answered|wrote|computed|calculated|interpreted|used|applied|made|"
         r"did not|didn't|failed to)\b",
+        # what this run's output was: "The run output does not follow this rule", "The output '5324.00' is not
+        # the correct answer", "the output was rounded to 2 decimal places"
+        r"\bthe run'?s? output\b|\bthe output (was|were|provided|given|'|\")|\bprovided in the output\b",
+        # "The agent's formulas and calculations were incorrect.", "The agent's output did not follow ..."
+        r"\bthe (agent|model|assistant)'s (answer|output|response|formulas?|calculations?|verification|domain "
+        r"knowledge|common mistakes)\b[^.;]{0,40}\b(was|were|did|provided|gave)\b",
+        # "... is correctly stated and used in the run", "The formula I = P × r × t was used correctly"
+        r"\b(in|from|of|during) the run\b",
+        r"\b(is|was|were) (correctly|accurately|properly) (stated|used|applied|calculated|computed)\b",
+        r"\b(was|were) (used|applied|calculated|computed|stated) (correctly|accurately|properly)\b",
+        # "The agent should have used this formula to calculate the ratio", "... plugged in the given values"
+        r"\bthe (agent|model|assistant) should have\b[^.;]{0,30}\b(this|these|that|those|the given|the provided)\b",
     )
 )
 
@@ -75,9 +87,16 @@ _MIN_KEPT_CHARS = 24
 
 _ABOUT_PLAYBOOK_RE = re.compile(
     r"\b(the|this) playbook (does not|doesn't|did not|has no|had no|is empty|contains no|lacks|should (have )?"
-    r"(include|contain|add))\b|\blessons learned from (earlier|previous|past) runs\b",
+    r"(include|contain|add|provided?|given|stated?))\b|\blessons learned from (earlier|previous|past) runs\b"
+    # what the playbook says or lacks: "The playbook requires the answer to be ...", "The playbook already
+    # provided the correct strategy ..., which is helpful", "the playbook only provides a formula"
+    r"|\b(the|this) playbook (states|stated|says|said|requires|required|already|only|provides|provided|gives|gave)\b",
     re.IGNORECASE,
 )
+
+_FORMULA_RE = re.compile(r"[A-Za-z)\]]\s*=\s*\S")
+"""A sentence that states a formula keeps it even when it talks about the playbook ("ROI is given in the
+playbook: ROI = ..."): the formula is a lesson, and a copy of a bullet is the de-duplicator's to fold."""
 
 _NEGATIVE_RE = re.compile(r"\b(incorrect(ly)?|wrong(ly)?|mistaken(ly)?|instead of|erroneous(ly)?|not correct)\b", re.I)
 
@@ -127,6 +146,14 @@ def _answers(trace: Trace) -> set[str]:
     return {n for n in out if n.lstrip("-") not in _TRIVIAL}
 
 
+def _copies_listed_truth(lesson: str, trace: Trace) -> bool:
+    """Does ``lesson`` copy a ground truth of several answers whole ("The correct tags should have been
+    'OperatingLeaseCost,DebtInstrument...'")? One answer alone may be what a lesson teaches (a FiNER lesson
+    names the tag a phrase maps to), so only a list of them counts."""
+    truth = re.sub(r"\s+", "", trace.feedback.ground_truth or "").casefold()
+    return "," in truth and len(truth) >= 20 and truth in re.sub(r"\s+", "", lesson).casefold()
+
+
 def _normalised_expression(text: str) -> str:
     return re.sub(r"[\s*×·]", "", text).casefold()
 
@@ -153,13 +180,13 @@ def screen_lesson(lesson: str, trace: Trace | None = None) -> str | None:
     ``contradicts_itself``)."""
     if any(r.search(lesson) for r in _RECORD_RES):
         return "records_the_run"
-    if _ABOUT_PLAYBOOK_RE.search(lesson):
+    if _ABOUT_PLAYBOOK_RE.search(lesson) and not _FORMULA_RE.search(lesson):
         return "about_the_playbook"
     if _contradicts_itself(lesson):
         return "contradicts_itself"
     if trace is not None:
         numbers = _numbers(lesson)
-        if numbers & _answers(trace):
+        if numbers & _answers(trace) or _copies_listed_truth(lesson, trace):
             return "copies_the_answer"
         if len(numbers & run_numbers(trace)) >= _RUN_NUMBERS_REFUSED:
             return "copies_run_numbers"

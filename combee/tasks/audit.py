@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from combee.models import Trace
-from combee.screen import REASONS, run_numbers, screen_lesson
+from combee.screen import REASONS, run_numbers, screen_lesson, trim_lesson
 
 __all__ = ["audit", "main"]
 
@@ -46,8 +46,11 @@ def _lessons(text: str) -> list[str] | None:
 
 def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
     """Counts over the reflector answers among ``answers``: answers, lessons, and lessons per refusal reason
-    (the first rule that refuses it, against the trace that makes the rule fire, if any)."""
+    (the first rule that refuses it, against the trace that makes the rule fire, if any). ``sentence_by_sentence``
+    counts what the live screen does with the rules that need no run: lessons refused (nothing left), trimmed
+    (some sentences taken out) and passed unchanged."""
     reasons: Counter[str] = Counter()
+    by_sentence: Counter[str] = Counter()
     lessons = reflector = 0
     examples: dict[str, str] = {}
     for text in answers:
@@ -57,6 +60,8 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
         reflector += 1
         for lesson in found:
             lessons += 1
+            trimmed = trim_lesson(lesson)
+            by_sentence["refused" if trimmed.kept is None else "unchanged" if not trimmed.dropped else "trimmed"] += 1
             reason = screen_lesson(lesson)
             for trace in traces:
                 if reason is not None:
@@ -73,6 +78,7 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
         "refused": {r: reasons.get(r, 0) for r in REASONS},
         "refused_total": refused,
         "refused_share": round(refused / lessons, 4) if lessons else None,
+        "sentence_by_sentence": {k: by_sentence.get(k, 0) for k in ("refused", "trimmed", "unchanged")},
         "examples": examples,
     }
 

@@ -150,3 +150,60 @@ def test_the_local_models_substitution_step_and_its_account_of_the_agent_are_tri
 def test_a_lesson_with_nothing_left_after_trimming_is_refused_with_its_first_reason() -> None:
     t = trim_lesson("In this case the ratio is 2.00. We get 4.")
     assert t.kept is None and t.refused == "records_the_run"
+
+
+@pytest.mark.parametrize(
+    ("sentence", "reason"),
+    [
+        # the local model, recorded in the committed caches of docs/results/ (red-team runs, FiNER learning,
+        # the Formula overload run), 2026-12-02/03
+        ("The run output does not follow this rule.", "records_the_run"),
+        ("The output was 'Final answer: 720.00', which is not in the correct format.", "records_the_run"),
+        ("The tags provided in the output do not match the entities in the sentences.", "records_the_run"),
+        ("The formula Net Profit Margin = (Net Profit / Revenue) × 100 is correctly stated and used in the run.",
+         "records_the_run"),
+        ("The formula I = P × r × t was used correctly, and the result was calculated accurately to 2 decimal places.",
+         "records_the_run"),
+        ("The agent should have used this formula to calculate the ratio.", "records_the_run"),
+        ("The agent's formulas and calculations were incorrect.", "records_the_run"),
+        ("The playbook already provided the correct strategy for matching the compounding period to the rate, "
+         "which is helpful.", "about_the_playbook"),
+        ("The playbook provides a list of US GAAP tags that can be used to answer the questions.",
+         "about_the_playbook"),
+    ],
+)  # fmt: skip
+def test_the_local_models_account_of_its_run_and_of_the_playbook_is_not_a_lesson(sentence: str, reason: str) -> None:
+    assert screen_lesson(sentence) == reason
+
+
+@pytest.mark.parametrize(
+    "lesson",
+    [
+        # a formula stated beside a remark on the playbook stays: it is a lesson, and a copy of a bullet is
+        # the de-duplicator's to fold (recorded, docs/results/redteam-real/cache/learn)
+        "The formula for EPS is given in the playbook: EPS = (Net Income - Dividends on Preferred Stock) / "
+        "Average Outstanding Shares.",
+        "The playbook should have provided the formula for the Debt Service Coverage Ratio (DSCR), which is "
+        "DSCR = Net Operating Income / Total Debt Service.",
+        "Format the output as a number with 2 decimal places and no other text.",
+        "Annualise a run-rate by multiplying the quarter's revenue by 4.",
+        "The agent should convert a percentage rate to a decimal before putting it into a formula.",
+        "Check the playbook's answer-format bullets before answering.",
+    ],
+)
+def test_lessons_that_name_the_output_the_playbook_or_the_agent_still_pass(lesson: str) -> None:
+    assert screen_lesson(lesson) is None
+
+
+def test_a_lesson_that_copies_a_list_of_answers_is_refused_one_tag_it_maps_a_phrase_to_is_not() -> None:
+    # FiNER: the ground truth is one tag per question, comma-separated; the local model copied it whole
+    # ("The correct tags should have been '...'", docs/results/finer-accuracy/cache/learn-sequential)
+    truth = "OperatingLeaseCost,DebtInstrumentConvertibleConversionPrice1"
+    trace = _trace("Tag the entities: lease cost of $ 2.1 million; conversion price of $ 8.00", "Goodwill", truth)
+    copied = "The correct tags should have been 'OperatingLeaseCost, DebtInstrumentConvertibleConversionPrice1'."
+    assert screen_lesson(copied, trace) == "copies_the_answer"
+    mapped = "A conversion price per share of a convertible note is tagged DebtInstrumentConvertibleConversionPrice1."
+    assert screen_lesson(mapped, trace) is None
+    single = _trace("Tag: 34.6 % owned", "x", "MinorityInterestOwnershipPercentageByParent")
+    owned = "A percentage owned in a subsidiary is tagged MinorityInterestOwnershipPercentageByParent."
+    assert screen_lesson(owned, single) is None
