@@ -24,7 +24,8 @@ the harmful-tag rule holds anything back):
   least that many reflections of the window (and at least k) tagged it harmful (:func:`corroborate_tags`).
   A trace reports which bullets its agent used and whether it succeeded, so without this rule one crafted
   failure marks any lesson harmful; the red-team suite saw it on the real model (docs/results/redteam-real).
-  Tags carry no producer: two traces of one producer in one window still count twice.
+  The taggers are counted as teachers too (:func:`combee.playbook.harmful_taggers`): two traces of one
+  producer in one window are one.
 * **Pending pool.** Pending lessons stay across windows until they are corroborated, their bullet goes away
   (an UPDATE or REMOVE of a bullet no longer there is dropped), or the pool is over ``max_pending``: the
   least recently supported go first (counted ``expired``). The pool is state beside the playbook (the stream
@@ -342,19 +343,30 @@ def corroborate(
 
 
 def corroborate_tags(
-    tag_counts: Mapping[str, tuple[int, int]], playbook: Playbook, policy: Corroboration
+    tag_counts: Mapping[str, tuple[int, int]],
+    playbook: Playbook,
+    policy: Corroboration,
+    *,
+    taggers: Mapping[str, Sequence[str]] | None = None,
+    producers: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, tuple[int, int]], int]:
     """``tag_counts`` (``{bullet_id: (helpful, harmful)}`` of one window) with the harmful tags of an established
-    bullet dropped when fewer than ``harmful_tags`` (or ``min_traces``, the larger) reflections gave them; and how
-    many tags were dropped. (Every reflection is one trace's; tags carry no producer, so they are counted per
-    trace.)"""
+    bullet dropped when fewer than ``harmful_tags`` (or ``min_traces``, the larger) teachers gave them; and how
+    many tags were dropped.
+
+    ``taggers`` (:func:`combee.playbook.harmful_taggers`: per bullet, the traces whose reflections tagged it
+    harmful) counts the teachers as :func:`teachers` does, each trace as its producer when ``producers`` names
+    one: two traces of one producer are one teacher. A bullet missing from ``taggers`` (or no ``taggers``: a
+    plan written before they were carried) counts one teacher per tag, as every reflection is one trace's."""
     needed = max(policy.min_traces, policy.harmful_tags)
     if needed <= 1:
         return dict(tag_counts), 0
     out: dict[str, tuple[int, int]] = {}
     dropped = 0
     for bullet_id, (helpful, harmful) in tag_counts.items():
-        if 0 < harmful < needed and established(playbook, bullet_id, policy):
+        traces = (taggers or {}).get(bullet_id)
+        count = harmful if traces is None else len(teachers(traces, producers or {}))
+        if harmful > 0 and count < needed and established(playbook, bullet_id, policy):
             dropped += harmful
             harmful = 0
         out[bullet_id] = (helpful, harmful)

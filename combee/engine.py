@@ -37,7 +37,7 @@ from combee.plan import (
     plan_reduce,
     window_id,
 )
-from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, unite_ops
+from combee.playbook import ApplyPolicy, ApplyStats, apply_delta, count_tags, harmful_taggers, unite_ops
 from combee.prompts import (
     DEFAULT_PROMPTS,
     RETRY_TEMPERATURES,
@@ -446,7 +446,10 @@ async def reduce_window(
         window_id=window.id, at=clock(),
     )  # fmt: skip
     ops = finished.ops
-    tags, held_tags = corroborate_tags(tags, playbook, config.corroboration_for(playbook.namespace))
+    tags, held_tags = corroborate_tags(
+        tags, playbook, config.corroboration_for(playbook.namespace), taggers=harmful_taggers(reflected),
+        producers=producers_of(window.traces),
+    )  # fmt: skip
     meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(
         namespace=window.namespace,

@@ -48,6 +48,7 @@ __all__ = [
     "cite",
     "count_tags",
     "fit_budget",
+    "harmful_taggers",
     "normalise_text",
     "playbook_tokens",
     "render_prompt",
@@ -220,6 +221,28 @@ class ApplyStats:
         return ApplyStats(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
 
 
+def _verdicts(reflection: Reflection) -> dict[str, Tag]:
+    """One verdict per bullet of one reflection; a contradiction within it resolves to harmful, the conservative
+    reading, independent of the order the tags were listed in."""
+    seen: dict[str, Tag] = {}
+    for t in reflection.tags:
+        prev = seen.get(t.bullet_id)
+        if prev is None or t.tag == Tag.HARMFUL or (prev == Tag.NEUTRAL and t.tag == Tag.HELPFUL):
+            seen[t.bullet_id] = t.tag
+    return seen
+
+
+def harmful_taggers(reflections: Iterable[Reflection]) -> dict[str, tuple[str, ...]]:
+    """Per bullet id, the traces whose reflections tagged it harmful (sorted; the verdicts of
+    :func:`count_tags`): corroboration counts their producers (:func:`combee.corroborate.corroborate_tags`)."""
+    out: dict[str, set[str]] = {}
+    for r in reflections:
+        for bullet_id, tag in _verdicts(r).items():
+            if tag == Tag.HARMFUL:
+                out.setdefault(bullet_id, set()).add(r.trace_id)
+    return {bid: tuple(sorted(out[bid])) for bid in sorted(out)}
+
+
 def count_tags(reflections: Iterable[Reflection]) -> dict[str, tuple[int, int]]:
     """Sum helpful/harmful tags per bullet id over reflections (a reflection counts a bullet at most once).
 
@@ -228,14 +251,7 @@ def count_tags(reflections: Iterable[Reflection]) -> dict[str, tuple[int, int]]:
     helpful: Counter[str] = Counter()
     harmful: Counter[str] = Counter()
     for r in reflections:
-        seen: dict[str, Tag] = {}
-        for t in r.tags:
-            # One verdict per bullet per reflection; a contradiction within one reflection resolves to harmful,
-            # the conservative reading, independent of the order the tags were listed in.
-            prev = seen.get(t.bullet_id)
-            if prev is None or t.tag == Tag.HARMFUL or (prev == Tag.NEUTRAL and t.tag == Tag.HELPFUL):
-                seen[t.bullet_id] = t.tag
-        for bullet_id, tag in seen.items():
+        for bullet_id, tag in _verdicts(r).items():
             if tag == Tag.HELPFUL:
                 helpful[bullet_id] += 1
             elif tag == Tag.HARMFUL:

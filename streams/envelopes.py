@@ -160,6 +160,11 @@ class WindowPlan(_Envelope):
     )
     unite: bool = Field(default=False, description="the roots' operations united (exact duplicates dropped)")
     tag_counts: dict[str, tuple[int, int]]
+    harmful_taggers: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="bullet id -> the traces whose reflections tagged it harmful (combee.playbook.harmful_taggers): "
+        "corroboration counts their producers; empty in plans written before it was carried",
+    )
     closed_at: float
     mapped_at: float
     map_service_s: float = 0.0

@@ -19,7 +19,7 @@ from combee.holdout import split_holdout
 from combee.identity import counted_producer
 from combee.meter import Meter
 from combee.models import Playbook, Reflection
-from combee.playbook import count_tags
+from combee.playbook import count_tags, harmful_taggers
 from combee.scan import tree_shape
 from combee.windowing import Acceptance, MapState
 from streams.envelopes import GroupTask, WindowEnvelope, WindowPlan
@@ -202,6 +202,7 @@ async def _map_one(
         roots=forest.roots,
         unite=forest.unite,
         tag_counts=count_tags(reflected),
+        harmful_taggers=harmful_taggers(reflected),
         closed_at=env.closed_at,
         mapped_at=time.time(),
         map_service_s=map_s,

@@ -132,6 +132,23 @@ def test_by_default_one_failed_run_cannot_mark_an_established_bullet_harmful():
     assert corroborate_tags(one, _playbook(helpful=4), Corroboration(harmful_tags=1)) == (one, 0)  # off
 
 
+def test_harmful_tags_are_counted_per_producer_when_the_taggers_are_known():
+    default, pb = Corroboration(), _playbook(helpful=4)
+    two = {"b00001": (0, 2)}
+    # two traces of one producer are one teacher: held, as one failed run is
+    one_producer = {"t1": "mallory", "t2": "mallory"}
+    taggers = {"b00001": ("t1", "t2")}
+    assert corroborate_tags(two, pb, default, taggers=taggers, producers=one_producer) == ({"b00001": (0, 0)}, 2)
+    # two producers, or traces that name none, are two teachers: the tags count
+    two_producers = {"t1": "mallory", "t2": "alice"}
+    assert corroborate_tags(two, pb, default, taggers=taggers, producers=two_producers) == (two, 0)
+    assert corroborate_tags(two, pb, default, taggers=taggers) == (two, 0)
+    # a bullet the taggers do not list counts one teacher per tag (a plan written before they were carried)
+    assert corroborate_tags(two, pb, default, taggers={}, producers=one_producer) == (two, 0)
+    # a bullet not yet established takes the tags at once, whoever gave them
+    assert corroborate_tags(two, _playbook(), default, taggers=taggers, producers=one_producer) == (two, 0)
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
         Corroboration(min_traces=0)

@@ -288,3 +288,29 @@ async def test_a_keyed_reduce_sends_each_section_to_its_own_calls_and_unites_the
     assert llm.calls(Role.MERGER) == []  # united, never merged
     added = sorted(op.content for op in result.delta.ops)
     assert added == sorted(f"lesson: task number {i}" for i in range(40))  # every call's operations, each once
+
+
+async def test_harmful_tags_of_one_producers_traces_are_held_offline_as_in_the_stream() -> None:
+    from combee.models import Bullet, Provenance
+
+    made = Provenance(window_id="w0", version=1)
+    seeded = Bullet(id="b00001", section="s", content="Use gross margin.", helpful=3, created=made, updated=made)
+    pb = Playbook(namespace="ns", version=1, bullets=(seeded,), next_id=2)
+
+    def tagging(request: ChatRequest) -> str:
+        if request.role == Role.REFLECTOR:
+            return json.dumps({"diagnosis": "d", "insights": [],
+                               "bullet_tags": [{"bullet_id": "b00001", "tag": "harmful"}]})  # fmt: skip
+        return echo_script(request)
+
+    def taught_by(*producers: str) -> Window:
+        ts = tuple(Trace(trace_id=f"t{i}", namespace="ns", task=f"task {i}", metadata={"producer": p})
+                   for i, p in enumerate(producers))  # fmt: skip
+        return Window("ns", "p0", 0, len(ts) - 1, ts)
+
+    cfg = MethodConfig(method=Method.NAIVE)
+    one = await run_window(taught_by("mallory", "mallory"), pb, ScriptedLLM(tagging), cfg)
+    assert one.playbook.bullet("b00001").harmful == 0  # type: ignore[union-attr]
+    assert one.meter.held == {"harmful_tag": 2}
+    two = await run_window(taught_by("mallory", "alice"), pb, ScriptedLLM(tagging), cfg)
+    assert two.playbook.bullet("b00001").harmful == 2  # type: ignore[union-attr]

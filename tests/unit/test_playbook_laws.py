@@ -13,6 +13,7 @@ from combee.playbook import (
     apply_delta,
     apply_window,
     count_tags,
+    harmful_taggers,
     normalise_text,
     playbook_tokens,
     render_prompt,
@@ -57,6 +58,16 @@ def test_tag_counting_is_order_independent(refs, rnd):
 def test_tag_counts_are_bounded_by_reflections(refs):
     for helpful, harmful in count_tags(refs).values():
         assert 0 <= helpful + harmful <= len(refs)
+
+
+@LAW
+@given(reflections)
+def test_harmful_taggers_are_the_traces_behind_the_harmful_counts(refs):
+    # one trace per reflection: each bullet's taggers are as many as its harmful tags, whatever the order
+    distinct = [r.model_copy(update={"trace_id": f"t{i}"}) for i, r in enumerate(refs)]
+    taggers = harmful_taggers(distinct)
+    assert {b: len(ts) for b, ts in taggers.items()} == {b: h for b, (_, h) in count_tags(distinct).items() if h}
+    assert harmful_taggers(list(reversed(distinct))) == taggers
 
 
 @LAW

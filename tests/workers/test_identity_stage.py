@@ -142,3 +142,46 @@ async def test_a_lesson_held_for_corroboration_records_the_producers_of_every_wi
     (bullet,) = ctx.snapshots.get("beta").playbook.bullets  # type: ignore[union-attr]
     assert set(bullet.sources) == {"beta-1", "beta-2"}
     assert set(bullet.verified_producers) == {"agent-1", "agent-2"}  # agent-1's trace came a window earlier
+
+
+def tagging_echo(request: ChatRequest) -> str:
+    """echo_script whose reflector, for a task that says "helpful" or "harmful", tags the first bullet so and
+    teaches nothing."""
+    if request.role == Role.REFLECTOR:
+        task = str(block_lines(request, "trace")[0]["task"])
+        for verdict in ("helpful", "harmful"):
+            if verdict in task:
+                tags = [{"bullet_id": "b00001", "tag": verdict}]
+                return json.dumps({"diagnosis": "ok", "insights": [], "bullet_tags": tags})
+    return citing_echo(request)
+
+
+async def test_harmful_tags_from_two_traces_of_one_verified_producer_count_as_one_teacher() -> None:
+    kafka, stream = MemoryKafka(), Stream()
+    ctx = identity_learner(kafka)
+    ctx.llm = ScriptedLLM(tagging_echo)
+    keys = dict(ctx.config.identity.keys)
+    keys["agent-2"] = ProducerKey("agent-2", SecretStr(STRANGER_KEY), frozenset({"alpha"}))
+    ctx.config = dataclasses.replace(ctx.config, identity=IdentityPolicy(keys, frozenset()))
+
+    async def window(*traces: Trace) -> None:
+        await send(ctx, kafka, stream, list(traces))
+        await run_until_quiet(ctx, kafka, stream, set())
+
+    def target() -> tuple[int, int]:
+        (b,) = ctx.snapshots.get("alpha").playbook.bullets  # type: ignore[union-attr]
+        return b.helpful, b.harmful
+
+    await window(signed(make("alpha", 1)))  # teaches b00001
+    await window(signed(make("alpha", 2).model_copy(update={"task": "helpful run"})))
+    assert target() == (1, 0)  # established: found helpful once
+    # the default rule asks two teachers; one producer's two failed runs are one (each would count before)
+    one = [signed(make("alpha", i).model_copy(update={"task": f"harmful run {i}"})) for i in (3, 4)]
+    await window(*one)
+    assert target() == (1, 0)
+    plans = [decode(m.value or b"") for m in kafka.records(ctx.topics.partials)]
+    assert any(getattr(p, "harmful_taggers", None) == {"b00001": ("alpha-3", "alpha-4")} for p in plans)
+    two = [signed(make("alpha", 5).model_copy(update={"task": "harmful run 5"})),
+           signed(make("alpha", 6).model_copy(update={"task": "harmful run 6"}), "agent-2", STRANGER_KEY)]  # fmt: skip
+    await window(*two)
+    assert target() == (1, 2)  # two producers agree: the tags count

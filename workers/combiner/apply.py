@@ -42,7 +42,10 @@ async def apply_window(ctx: CombinerPort, rt: NamespaceRuntime, w: OpenWindow, o
         verified=plan.verified_producers, window_id=w.window_id, at=time.time(), graded=plan.feedback_producers,
     )  # fmt: skip
     proposed, ops, corroborated = ops, finished.ops, finished.corroborated
-    tags, held_tags = corroborate_tags(plan.tag_counts, current, cfg.corroboration_for(rt.namespace))
+    tags, held_tags = corroborate_tags(
+        plan.tag_counts, current, cfg.corroboration_for(rt.namespace), taggers=plan.harmful_taggers,
+        producers=plan.producers,
+    )  # fmt: skip
     meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(
         namespace=rt.namespace,
