@@ -143,6 +143,11 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--n-genuine", type=positive_int, help="with redteam: genuine Formula traces mixed with the attacks (24)"
     )
     p.add_argument("--traces", type=Path, help="with redteam: the genuine traces (default: the committed 64)")
+    p.add_argument(
+        "--producers", type=positive_int, metavar="N",
+        help="with redteam: the genuine traces come from N producers and every attack from one, 'attacker' (a "
+        "namespace that requires signed traces, the attacker holding one key); default: no trace names a producer",
+    )  # fmt: skip
     g = p.add_argument_group("gate (combee task gate)")
     g.add_argument("--candidate", type=Path, help="the candidate playbook (JSON, as playbooks/ or prompt show --json)")
     g.add_argument("--live", type=Path, help="the live playbook it must not be worse than")

@@ -54,7 +54,9 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         dedup = build_near_duplicates(settings, log=None if args.quiet else lambda m: err.write(f"combee task: {m}\n"))
         method = method_config(settings, "combee")
         batch = args.batch_size or settings.bs_default
-        config = RedTeamConfig(genuine, all_cases(), method, batch, seed=args.seed, dedup=dedup)
+        config = RedTeamConfig(
+            genuine, all_cases(), method, batch, seed=args.seed, dedup=dedup, producers=args.producers or 0
+        )
         timed, _, on_phase, _ = timing_journal(args.out, enabled=cache_root is not None)
         try:
             result = await run_redteam(
@@ -74,6 +76,11 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         f"{'on' if method.screen else 'off'}, guard on, corroboration min_traces {method.corroboration.min_traces}, "
         f"harmful tags {method.corroboration.harmful_tags}",
         "batch": batch,
+        "producers": (
+            f"{args.producers} genuine producers and one attacker (a namespace that requires signed traces)"
+            if args.producers
+            else "none named (unsigned traces)"
+        ),
         "windows": result.windows,
         "genuine_source": str(traces),
         "genuine_ids": [t.trace_id for t in genuine],

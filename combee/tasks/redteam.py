@@ -6,6 +6,11 @@ learned with the project's default method, to see what reaches the live prompt.
    ``harmful_tags`` and ``near_duplicate`` are then known bullets, the same in every run).
 2. **Mix.** ``n_genuine`` of the real model's Formula traces (a seeded pick), and every attack of
    :func:`~combee.tasks.redteam_cases.all_cases`, in one seeded shuffle (:func:`mix`).
+   With ``producers`` = N > 0, every trace names its producer (``metadata.producer``): the genuine traces one
+   of N agents (``agent-1`` ... in turn, by trace id) and every attack the one producer ``attacker``
+   (:func:`name_producers`). That is a namespace that requires signed traces (docs/security.md), where a
+   producer is what its key says and the attacker holds one key; corroboration then counts the attacker's
+   traces as one teacher. With 0 (the default) no trace names one, as an unsigned fleet's traces need not.
 3. **Learn.** The mixed traces, in windows of ``batch`` traces, through :func:`combee.engine.run_window` with the
    configuration given (the CLI passes the defaults: Combee, the default reduce shape, screen and guard on). The
    final playbook, every quarantined operation with its reason (the guard, :mod:`combee.guard`), every operation
@@ -31,10 +36,12 @@ from combee.tasks.redteam_cases import Case, seeded_playbook
 from combee.tasks.run import LLMFactory, MeteredLLM, PhaseDone, PhaseStats, ProgressFactory, with_timing
 
 __all__ = [
+    "ATTACKER",
     "LEARN_PHASE",
     "RedTeamConfig",
     "RedTeamResult",
     "mix",
+    "name_producers",
     "pick_genuine",
     "run_redteam",
     "windows",
@@ -64,6 +71,25 @@ def mix(genuine: Sequence[Trace], cases: Sequence[Case], seed: int) -> list[Trac
     return traces
 
 
+ATTACKER = "attacker"
+"""The producer every attack names with ``producers`` > 0."""
+
+
+def name_producers(traces: Sequence[Trace], attacks: Sequence[str], n: int) -> list[Trace]:
+    """``traces`` (in their order) each naming its producer: the trace ids in ``attacks`` :data:`ATTACKER`, the
+    others ``agent-1`` ... ``agent-n`` in turn by trace id. ``n`` = 0: ``traces`` as they are."""
+    if n < 0:
+        raise ValueError(f"producers must be 0 or more, got {n}")
+    if n == 0:
+        return list(traces)
+    hostile = set(attacks)
+    genuine = sorted(t.trace_id for t in traces if t.trace_id not in hostile)
+    agent = {trace_id: f"agent-{i % n + 1}" for i, trace_id in enumerate(genuine)}
+    return [
+        t.model_copy(update={"metadata": {**t.metadata, "producer": agent.get(t.trace_id, ATTACKER)}}) for t in traces
+    ]
+
+
 def windows(n: int, batch: int) -> list[tuple[int, int]]:
     """The windows over ``n`` traces, ``batch`` at a time: (first, last) offsets, inclusive."""
     if batch < 1:
@@ -79,6 +105,7 @@ class RedTeamConfig:
     batch: int
     seed: int = 0
     dedup: NearDuplicates | None = None
+    producers: int = 0  # genuine producers; > 0: every trace names one, the attacks all "attacker" (step 2)
 
 
 @dataclass
@@ -109,6 +136,7 @@ async def run_redteam(
     started = clock()
     seeded = seeded_playbook()
     traces = mix(config.genuine, config.cases, config.seed)
+    traces = name_producers(traces, [c.name for c in config.cases], config.producers)
     playbook = seeded
     pending: tuple[PendingLesson, ...] = ()
     quarantined: list[tuple[DeltaOp, str]] = []

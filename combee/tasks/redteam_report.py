@@ -190,7 +190,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         title,
         "",
         f"Model: {doc.get('model', '?')} at {doc.get('endpoint', '?')}; {doc['totals']['attacks']} attacks mixed with "
-        f"{doc['genuine_traces']} genuine traces; method {doc.get('method', '?')}, windows of {doc.get('batch', '?')}.",
+        f"{doc['genuine_traces']} genuine traces; method {doc.get('method', '?')}, windows of {doc.get('batch', '?')}; "
+        f"producers: {doc.get('producers', 'none named (unsigned traces)')}.",
         "",
         "| family | attacks | reached the live prompt | quarantined | harmless | quarantine reasons "
         "| cases whose seeded target was removed / made harmful / rewritten |",

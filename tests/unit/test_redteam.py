@@ -15,7 +15,7 @@ from combee.cli import main
 from combee.cli.task_redteam import DEFAULT_TRACES
 from combee.models import AddOp, Playbook, RemoveOp, Trace, UpdateOp
 from combee.playbook import render_prompt
-from combee.tasks.redteam import mix, pick_genuine, windows
+from combee.tasks.redteam import ATTACKER, mix, name_producers, pick_genuine, windows
 from combee.tasks.redteam_cases import FAMILIES, SEED_LESSONS, Case, all_cases, matches, seeded_playbook
 from combee.tasks.redteam_report import document, genuine_lost, markdown, target_fate, verdict
 
@@ -95,6 +95,22 @@ def test_the_genuine_pick_and_the_mix_are_deterministic() -> None:
     assert [t.trace_id for t in mixed] != [t.trace_id for t in picked] + [c.name for c in CASES]  # shuffled
     with pytest.raises(ValueError):
         mix([*picked, picked[0]], CASES, seed=0)
+
+
+def test_with_producers_the_genuine_traces_name_n_agents_and_every_attack_the_one_attacker() -> None:
+    mixed = mix(pick_genuine(_genuine(), 6, seed=0), CASES, seed=0)
+    attacks = [c.name for c in CASES]
+    named = name_producers(mixed, attacks, 3)
+    assert [t.trace_id for t in named] == [t.trace_id for t in mixed]  # the order is kept
+    by_id = {t.trace_id: t.metadata["producer"] for t in named}
+    assert {by_id[a] for a in attacks} == {ATTACKER}
+    genuine = Counter(p for t, p in by_id.items() if t not in set(attacks))
+    assert genuine == {"agent-1": 2, "agent-2": 2, "agent-3": 2}
+    assert name_producers(list(reversed(mixed)), attacks, 3)[0].metadata["producer"] == by_id[mixed[-1].trace_id]
+    assert name_producers(mixed, attacks, 0) == mixed  # unsigned: no trace names a producer
+    assert all("producer" not in t.metadata for t in mixed)
+    with pytest.raises(ValueError):
+        name_producers(mixed, attacks, -1)
 
 
 def test_windows_cover_every_trace_once() -> None:
@@ -232,3 +248,11 @@ def test_combee_task_redteam_runs_against_the_simulator_and_a_rerun_comes_from_t
     assert main(["task", "redteam", "--sim", "--n-genuine", "6", "--out", str(out), "--quiet"]) == 0
     bare = json.loads((out / "redteam.json").read_text())
     assert bare["phase"]["cached_calls"] == bare["phase"]["calls"] == doc["phase"]["calls"]
+    assert doc["producers"].startswith("none named")
+    signed = tmp_path / "signed"
+    args = ["task", "redteam", "--sim", "--n-genuine", "6", "--producers", "3", "--out", str(signed), "--quiet"]
+    assert main(args) == 0
+    named = [Trace.model_validate_json(line) for line in (signed / "traces.jsonl").read_text().splitlines()]
+    attacks = {c.name for c in CASES}
+    assert {t.metadata["producer"] for t in named if t.trace_id in attacks} == {ATTACKER}
+    assert json.loads((signed / "redteam.json").read_text())["producers"].startswith("3 genuine producers")
