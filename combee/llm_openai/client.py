@@ -5,8 +5,9 @@ with the ``openai`` package and owns everything transport-shaped around it: stru
 bounded retries with backoff, a per-instance concurrency limit, usage and cost accounting, and the optional
 on-disk :class:`~combee.llm_openai.cache.ResponseCache`. It never parses the content; that is the caller's job.
 
-Retry timing and pacing are :mod:`combee.llm_openai.retry`; structured-output negotiation
-:mod:`combee.llm_openai.structured`; the HTTP response :mod:`combee.llm_openai.transport`.
+Retry timing and pacing are :mod:`combee.llm_openai.retry`; what a failed request means (retry or give up)
+:mod:`combee.llm_openai.failures`; structured-output negotiation :mod:`combee.llm_openai.structured`; the HTTP
+response :mod:`combee.llm_openai.transport`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import random
 import sqlite3
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -32,7 +33,8 @@ from combee.llm import REFUSED_BY_SERVER, ChatRequest, ChatResponse, Role, Usage
 from combee.llm_openai.cache import ResponseCache, cache_key
 from combee.llm_openai.config import EndpointConfig, LLMStats, StructuredMode, is_reasoning_model
 from combee.llm_openai.context_window import context_from_models, context_from_props, server_root, slots_from_props
-from combee.llm_openai.retry import RatePacer, backoff_delay, retry_after_from_headers
+from combee.llm_openai.failures import Failure, classify_status, redact, server_message
+from combee.llm_openai.retry import RatePacer, backoff_delay
 from combee.llm_openai.structured import (
     FALLBACK_ORDER,
     mentions_structured_output,
@@ -56,8 +58,6 @@ __all__ = ["OpenAILLM"]
 log = logging.getLogger("combee.llm_openai")  # the name it logged under before the package was split
 
 
-_RETRYABLE_STATUS_REASONS = {408: "request_timeout", 409: "conflict", 429: "rate_limited"}
-
 TIMEOUT_HEADROOM = 3.0
 """An attempt may take this many times the longest recent successful attempt of its role (when that is more
 than the configured ``timeout_s``): a slow CPU server's normal answers are never cut off."""
@@ -67,19 +67,6 @@ TIMEOUT_GROWTH_CAP = 16.0
 
 DURATIONS_KEPT = 32
 """Successful attempts per role whose durations the time limit follows."""
-
-
-_SERVER_MESSAGE_LIMIT = 300
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """One failed attempt that may be retried."""
-
-    reason: str  # key of LLMStats.retries
-    detail: str  # human-readable, already free of the API key
-    status: int | None = None
-    retry_after_s: float | None = None
 
 
 @dataclass
@@ -348,14 +335,14 @@ class OpenAILLM:
                 failure = self._classify_status(exc, model, mode)
             except (openai.APITimeoutError, TimeoutError) as exc:
                 if connection_refused(exc):  # the aiohttp transport reports a refused connect as a timeout
-                    failure = _Failure("connection", f"connection failed ({self._redact(cause_text(exc))})")
+                    failure = Failure("connection", f"connection failed ({self._redact(cause_text(exc))})")
                 else:
                     timeouts += 1
-                    failure = _Failure("timeout", f"timed out (no answer within {limit:g}s)")
+                    failure = Failure("timeout", f"timed out (no answer within {limit:g}s)")
             except openai.APIConnectionError as exc:
-                failure = _Failure("connection", f"connection failed ({self._redact(cause_text(exc))})")
+                failure = Failure("connection", f"connection failed ({self._redact(cause_text(exc))})")
             except BadResponse as exc:
-                failure = _Failure("bad_response", f"unusable response body ({exc})")
+                failure = Failure("bad_response", f"unusable response body ({exc})")
             else:
                 if mode is not None:
                     self._settle(mode)
@@ -398,70 +385,23 @@ class OpenAILLM:
         )  # fmt: skip
         return ChatResponse(text="", model=model, finish_reason=REFUSED_BY_SERVER)
 
-    def _classify_status(self, exc: openai.APIStatusError, model: str, mode: StructuredMode | None) -> _Failure:
+    def _classify_status(self, exc: openai.APIStatusError, model: str, mode: StructuredMode | None) -> Failure:
         """A retryable failure, or raise :class:`LLMUnavailable` for a request the server won't accept."""
-        status = exc.status_code
-        message = self._server_message(exc)
-        detail = f"HTTP {status}" + (f": {message}" if message else "")
-        where = self._config.display_url
-        if status in _RETRYABLE_STATUS_REASONS or status >= 500:
-            reason = _RETRYABLE_STATUS_REASONS.get(status, "server_error")
-            hint = retry_after_from_headers(exc.response.headers)
-            if status == 429:
-                self._pacer.observe(exc.response.headers, refused=True)
-            return _Failure(reason, detail, status=status, retry_after_s=hint)
-        if status == 401:
-            explanation = "the endpoint rejected the API key (check OPENAI_API_KEY / api_key)"
-        elif status == 403:
-            explanation = f"the API key may not use model {model!r} or this endpoint"
-        elif status == 404:
-            explanation = (
-                f"not found: check that base_url includes the API prefix (e.g. /v1) and that model {model!r} exists"
-            )
-        elif mode is not None and mode != "none" and mentions_structured_output(exc):
-            if self._auto:
-                explanation = (
-                    f"the endpoint refused this request's response_format in mode {mode!r}, which it has"
-                    " accepted before: check this request's JSON schema"
-                )
-            else:
-                explanation = (
-                    f"the endpoint refused the request's response_format (structured_output={mode!r};"
-                    " structured_output='auto' finds a form the endpoint accepts)"
-                )
-        else:
-            explanation = "the endpoint refused the request; retrying would not help"
-        # `from None`: the openai exception's text may quote whatever the server echoed back.
-        raise LLMUnavailable(f"{where}: {explanation} ({detail})") from None
+        if exc.status_code == 429:
+            self._pacer.observe(exc.response.headers, refused=True)
+        return classify_status(
+            exc, model, mode, where=self._config.display_url, auto=self._auto, message=self._server_message(exc)
+        )
 
     def _server_message(self, exc: openai.APIStatusError) -> str:
-        body = exc.body
-        if isinstance(body, Mapping):
-            text = body.get("message") if isinstance(body.get("message"), str) else None
-            if not text:
-                text = json.dumps(body, default=str, ensure_ascii=False)
-        elif isinstance(body, str):
-            text = body
-        elif body is None:
-            text = ""
-        else:
-            text = json.dumps(body, default=str, ensure_ascii=False)
-        # Redact before truncating, so a cut can never leave a prefix of the key behind.
-        text = self._redact(" ".join(text.split()))
-        if len(text) > _SERVER_MESSAGE_LIMIT:
-            text = text[: _SERVER_MESSAGE_LIMIT - 1] + "…"
-        return text
+        return server_message(exc, self._config.api_key.get_secret_value())
 
     def _redact(self, text: str) -> str:
-        key = self._config.api_key.get_secret_value()
-        # Very short "keys" are placeholders, and replacing them would garble the message.
-        if len(key) >= 4:
-            text = text.replace(key, "[redacted]")
-        return text
+        return redact(text, self._config.api_key.get_secret_value())
 
     # ------------------------------------------------------------------ retries
 
-    async def _back_off(self, failure: _Failure, failed_attempts: int) -> None:
+    async def _back_off(self, failure: Failure, failed_attempts: int) -> None:
         """Sleep before the next attempt, or raise if this request has had its attempts."""
         config = self._config
         hint = failure.retry_after_s
@@ -506,7 +446,7 @@ class OpenAILLM:
             self._counters.cooldown_waits += 1
             await self._sleep(wait)
 
-    def _give_up(self, failure: _Failure, attempts: int, *, reason: str) -> LLMError:
+    def _give_up(self, failure: Failure, attempts: int, *, reason: str) -> LLMError:
         where = self._config.display_url
         plural = "s" if attempts > 1 else ""
         message = f"{where}: {failure.detail} ({reason} after {attempts} attempt{plural})"
