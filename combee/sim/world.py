@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from combee.sim.protocol import SimRequest
+from combee.sim.reading import BULLET_RE, as_offered, json_lines, lesson_text, offered_sections, tagged_block
 
 __all__ = [
     "ACTIONS",
@@ -366,46 +367,6 @@ def generate_traces(
 
 # --- the responder --------------------------------------------------------------------------------------
 
-_BLOCK_RES = {
-    name: re.compile(rf"<{name}>\n(.*?)\n</{name}>", re.DOTALL)
-    for name in ("playbook", "trace", "reflections", "proposals", "task")
-}
-_BULLET_RE = re.compile(r"^- \[(b\d{5,9})\] (.*)$", re.MULTILINE)
-
-
-_OFFERED_RE = re.compile(r"^Sections offered[^:]*: (.*?) \(or ", re.MULTILINE)
-
-
-def _offered_sections(text: str) -> tuple[str, ...] | None:
-    """The sections a prompt offers (None when it offers no list: any label goes)."""
-    m = _OFFERED_RE.search(text)
-    return tuple(s.strip() for s in m.group(1).split(",")) if m else None
-
-
-def _as_offered(label: str, offered: tuple[str, ...] | None) -> str:
-    """``label`` as the prompt asks for it: an offered section as is, any other as ``new: <label>``."""
-    slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
-    if offered is None or slug in offered:
-        return slug if offered is not None else label
-    return "new: " + label.replace("_", " ")
-
-
-def _block(text: str, name: str) -> str | None:
-    m = _BLOCK_RES[name].search(text)
-    return m.group(1) if m else None
-
-
-def _json_lines(block: str) -> list[dict[str, Any]]:
-    out = []
-    for line in block.splitlines():
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out
-
 
 @dataclass(frozen=True)
 class _Bullet:
@@ -417,23 +378,12 @@ class _Bullet:
 def _playbook_bullets(text: str) -> list[_Bullet]:
     """The bullets of the ``<playbook>`` block, in id order whatever order the text lists them in (the layout
     is the prompt's business, not the simulated model's)."""
-    block = _block(text, "playbook") or ""
+    shown = tagged_block(text, "playbook") or ""
     found = []
-    for m in _BULLET_RE.finditer(block):
-        content = _lesson_text(m.group(2))
+    for m in BULLET_RE.finditer(shown):
+        content = lesson_text(m.group(2))
         found.append(_Bullet(m.group(1), content, tuple(insight_keys_in(content))))
     return sorted(found, key=lambda b: int(b.id[1:]))
-
-
-def _lesson_text(shown: str) -> str:
-    """A bullet's text as a learner prompt shows it (a JSON string), decoded; any other form as it is."""
-    if shown.startswith('"'):
-        try:
-            value = json.loads(shown)
-        except json.JSONDecodeError:
-            return shown
-        return value if isinstance(value, str) else shown
-    return shown
 
 
 def _stochastic_round(x: float, rng: random.Random) -> int:
@@ -458,20 +408,20 @@ class WorldResponder:
 
     def respond(self, request: SimRequest, rng: random.Random) -> str | None:
         user = request.text_of("user")
-        if (trace := _block(user, "trace")) is not None:
+        if (trace := tagged_block(user, "trace")) is not None:
             return self._reflect(user, trace)
-        if (reflections := _block(user, "reflections")) is not None:
+        if (reflections := tagged_block(user, "reflections")) is not None:
             return self._curate(user, reflections, rng)
-        if (proposals := _block(user, "proposals")) is not None:
+        if (proposals := tagged_block(user, "proposals")) is not None:
             return self._merge(user, proposals, rng)
-        if (task := _block(user, "task")) is not None:
+        if (task := tagged_block(user, "task")) is not None:
             return self._generate(request.text_of("system"), task)
         return None
 
     # reflector: common random numbers keyed on the trace text
     def _reflect(self, user: str, trace_block: str) -> str:
         b = self.behaviour
-        offered = _offered_sections(user)
+        offered = offered_sections(user)
         keys = [k for k in insight_keys_in(trace_block) if k[:2] in _WORLD_BY_PREFIX]
         insights: list[dict[str, str]] = []
         diagnosis = "The run gives no specific lesson."
@@ -479,14 +429,14 @@ class WorldResponder:
             key = keys[0]
             if _u(b.seed, "recover", trace_block) < b.recover_prob:
                 variant = _h(b.seed, "variant", trace_block) % PHRASINGS
-                section = _as_offered(b.label(key, trace_block), offered)
+                section = as_offered(b.label(key, trace_block), offered)
                 insights.append({"section": section, "content": insight_content(key, variant)})
                 diagnosis = f"The outcome hinges on rule {key}."
             else:
                 diagnosis = "The run went wrong, but the cause is unclear from the record."
         if _u(b.seed, "generic", trace_block) < b.generic_prob:
             tip = generic_tip(_h(b.seed, "tip", trace_block) % GENERIC_POOL)
-            insights.append({"section": _as_offered("verification", offered), "content": tip})
+            insights.append({"section": as_offered("verification", offered), "content": tip})
         tags = []
         bullets = _playbook_bullets(user)
         for bullet in bullets:
@@ -502,9 +452,9 @@ class WorldResponder:
 
     def _curate(self, user: str, block: str, rng: random.Random) -> str:
         b = self.behaviour
-        reflections = _json_lines(block)
+        reflections = json_lines(block)
         bullets = _playbook_bullets(user)
-        offered = _offered_sections(user)
+        offered = offered_sections(user)
         known: dict[str, _Bullet] = {}
         for bullet in bullets:
             for k in bullet.keys:
@@ -518,7 +468,7 @@ class WorldResponder:
                 if not isinstance(ins, dict):
                     continue
                 content = str(ins.get("content", ""))
-                section = _as_offered(str(ins.get("section") or "verification"), offered)
+                section = as_offered(str(ins.get("section") or "verification"), offered)
                 keys = insight_keys_in(content)
                 if keys:
                     entry = specific.setdefault(keys[0], {"content": content, "section": section, "mentions": 0})
@@ -565,7 +515,7 @@ class WorldResponder:
 
     def _merge(self, user: str, block: str, rng: random.Random) -> str:
         b = self.behaviour
-        proposals = _json_lines(block)
+        proposals = json_lines(block)
         bullets = _playbook_bullets(user)
         known_keys = {k for bl in bullets for k in bl.keys}
         bullet_ids = {bl.id for bl in bullets}
