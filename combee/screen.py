@@ -75,6 +75,12 @@ _RECORD_RES = tuple(
         r"\b(in|from|of|during) the run\b",
         r"\b(is|was|were) (correctly|accurately|properly) (stated|used|applied|calculated|computed)\b",
         r"\b(was|were) (used|applied|calculated|computed|stated) (correctly|accurately|properly)\b",
+        # "... but did not provide the correct answer", "but the answer was not rounded to 2 decimal places",
+        # "The formula used to calculate the Future Value (FV) was incorrect."
+        r"\bbut (it |the agent |they )?(did not|didn't|does not|failed to) (provide|give|get|compute|calculate|"
+        r"round|account|include|use|apply|follow)\b",
+        r"\bthe (answer|result|output) was not\b",
+        r"\b(was|were) (used |applied |calculated |computed )?incorrect(ly)?\b",
         # "The agent should have used this formula to calculate the ratio", "... plugged in the given values"
         r"\bthe (agent|model|assistant) should have\b[^.;]{0,30}\b(this|these|that|those|the given|the provided)\b",
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -297,6 +298,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             "reduce_shape": settings.reduce_shape,
             "token_budget": settings.token_budget,
             "dedup": {"embedder": dedup.embedder.name, "threshold": dedup.threshold} if dedup else None,
+            "corroboration": dataclasses.asdict(method_config(settings, "combee").corroboration),
         },
         "llm": {
             "concurrency": settings.llm_max_concurrency,
@@ -375,6 +377,7 @@ async def _run_overload(
             "sections": list(base.sections),
             "section_threshold": base.section_threshold,
             "screen": base.screen,
+            "corroboration": dataclasses.asdict(base.corroboration),
         },
         "dedup": f"{dedup.embedder.name} at cosine {dedup.threshold}" if dedup else None,
         "machine": {"cores": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},

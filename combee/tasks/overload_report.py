@@ -36,6 +36,7 @@ def _variant_row(v: Any) -> dict[str, Any]:
         "skipped_groups": meter.skipped_groups,
         "merge_fallbacks": meter.merge_fallbacks,
         "refused_ops": refusals(meter),
+        "held": dict(sorted(meter.held.items())),  # what corroboration held back (pending until k teachers)
         "copies_folded": meter.folded_copies,
         "near_duplicates_folded": meter.folded_ops + meter.folded_proposals,
         "sections_mapped": meter.sections_mapped,
@@ -103,6 +104,17 @@ def _recorded_in(doc: Mapping[str, Any]) -> str:
     return f" by an earlier run (recorded in `{source}`; this run reflected nothing)" if source else ""
 
 
+def _corroboration(doc: Mapping[str, Any]) -> str:
+    c = (doc.get("method_config") or {}).get("corroboration") or {}
+    k = c.get("min_traces", 1)
+    if k <= 1:
+        return ""
+    return (
+        f" Corroboration on: a lesson goes live only when {k} distinct traces taught it (*held*: operations left "
+        "pending at the end, each counted once per window it was held in)."
+    )
+
+
 def _reflector() -> Any:
     from combee.llm import Role
 
@@ -121,11 +133,12 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"(empty playbook) → {r['parsed']} reflections ({r['unparsed']} unparsed; {r['with_insights']} with "
         f"insights, {r['insights']} insights kept; lessons refused by the screen: {refused}; sentences trimmed "
         f"from kept lessons: {trimmed}), reflected once in "
-        f"{r['wall_s']:.1f} s{_recorded_in(doc)} and reduced by every variant below from the empty playbook.",
+        f"{r['wall_s']:.1f} s{_recorded_in(doc)} and reduced by every variant below from the empty playbook."
+        f"{_corroboration(doc)}",
         "",
         "| variant | batch | windows | entries | distinct lessons | bullets / lesson | playbook tokens | calls "
-        "| tokens | wall s | critical path s | load at end | copies folded | ops refused | routing classes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tokens | wall s | critical path s | load at end | copies folded | ops refused | held | routing classes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in doc["variants"]:
         refused_ops = sum(v["refused_ops"].values())
@@ -134,7 +147,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
             f"| {v['variant']} | {v['batch']} | {v['windows']} | {v['entries']} | {v['distinct_lessons']} "
             f"| {v['bullets_per_lesson']:.2f} | {v['playbook_tokens']} | {v['calls']} | {v['tokens']} "
             f"| {v['wall_s']:.1f} | {_seconds(v['critical_path_s'])} | {_load(v['phase'])} | {v['copies_folded']} "
-            f"| {refused_ops} | {classes} |"
+            f"| {refused_ops} | {sum((v.get('held') or {}).values())} | {classes} |"
         )
     written = ", ".join(f"{k} ({n})" for k, n in r["labels_as_written"].items())
     skipped = (doc.get("options") or {}).get("skip") or ()

@@ -58,7 +58,7 @@ def test_the_table_says_each_variants_load_and_which_variants_were_left_out() ->
 
     text = markdown(_doc(("sequential",)))
     row = next(line for line in text.splitlines() if line.startswith("| naive-b8 "))
-    assert "| 755.3 | 750.0 | 24.7 | 0 | 1 | – |" in row
+    assert "| 755.3 | 750.0 | 24.7 | 0 | 1 | 0 | – |" in row  # ... copies folded, ops refused, held, classes
     assert "Variants left out of this run (`--skip`): sequential." in text
     assert "left out" not in markdown(_doc(()))
 
@@ -70,3 +70,16 @@ def test_a_critical_path_nobody_measured_is_shown_as_unknown_not_zero() -> None:
     doc["variants"][0]["critical_path_s"] = None  # type: ignore[index]
     row = next(line for line in markdown(doc).splitlines() if line.startswith("| naive-b8 "))
     assert "| 755.3 | – | 24.7 |" in row
+
+
+def test_with_corroboration_on_the_report_says_k_and_counts_what_was_held() -> None:
+    from combee.tasks.overload_report import markdown
+
+    doc = _doc(())
+    assert "Corroboration on" not in markdown(doc)
+    doc["method_config"] = {"corroboration": {"min_traces": 2}}
+    doc["variants"][0]["held"] = {"pending": 5}  # type: ignore[index]
+    text = markdown(doc)
+    assert "a lesson goes live only when 2 distinct traces taught it" in text
+    row = next(line for line in text.splitlines() if line.startswith("| naive-b8 "))
+    assert row.endswith("| 0 | 1 | 5 | – |")

@@ -166,6 +166,11 @@ def test_a_lesson_with_nothing_left_after_trimming_is_refused_with_its_first_rea
          "records_the_run"),
         ("The agent should have used this formula to calculate the ratio.", "records_the_run"),
         ("The agent's formulas and calculations were incorrect.", "records_the_run"),
+        ("The formula to calculate the Return on Assets (ROA) but did not provide the correct answer.",
+         "records_the_run"),
+        ("The formula for Free Cash Flow (FCF) to answer the question, but the answer was not rounded to 2 decimal "
+         "places.", "records_the_run"),
+        ("The formula used to calculate the Future Value (FV) was incorrect.", "records_the_run"),
         ("The playbook already provided the correct strategy for matching the compounding period to the rate, "
          "which is helpful.", "about_the_playbook"),
         ("The playbook provides a list of US GAAP tags that can be used to answer the questions.",
@@ -189,6 +194,9 @@ def test_the_local_models_account_of_its_run_and_of_the_playbook_is_not_a_lesson
         "Annualise a run-rate by multiplying the quarter's revenue by 4.",
         "The agent should convert a percentage rate to a decimal before putting it into a formula.",
         "Check the playbook's answer-format bullets before answering.",
+        "A rate quoted as incorrect in the source must not be used: take the corrected one.",
+        "The formula Beta = Cov(R_a, R_m) / Var(R_m) is used to compute the beta of a high-yield bond using the "
+        "given values.",
     ],
 )
 def test_lessons_that_name_the_output_the_playbook_or_the_agent_still_pass(lesson: str) -> None:
