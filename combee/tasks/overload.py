@@ -45,6 +45,7 @@ from combee.screen import REASONS
 from combee.tasks.agent import answer_all, to_trace
 from combee.tasks.data import Question
 from combee.tasks.run import LLMFactory, MeteredLLM, PhaseDone, PhaseStats, ProgressFactory, with_timing
+from combee.tracefile import read_traces
 
 __all__ = [
     "OverloadConfig",
@@ -120,9 +121,13 @@ def load_recorded(folder: Path) -> Recorded:
     missing = [str(path) for path in files.values() if not path.is_file()]
     if missing:
         raise ValueError(f"not the output of a --overload run: missing {', '.join(missing)}")
+    read = read_traces(files["traces.jsonl"])
+    if read.errors:
+        first = read.errors[0]
+        raise ValueError(f"{files['traces.jsonl']}: line {first.line}: {first.reason}")
+    traces = read.traces
     try:
         doc = json.loads(files["overload.json"].read_text())
-        traces = [Trace.model_validate_json(line) for line in _lines(files["traces.jsonl"])]
         rows = [json.loads(line) for line in _lines(files["reflections.jsonl"])]
         reflections = [None if r["reflection"] is None else Reflection.model_validate(r["reflection"]) for r in rows]
     except (ValueError, KeyError, TypeError) as exc:

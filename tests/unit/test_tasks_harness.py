@@ -435,6 +435,14 @@ def test_recorded_reflections_of_other_questions_or_an_incomplete_folder_are_ref
     err = capsys.readouterr().err
     assert "holds the traces of 2 training questions, not this run's 3" in err and err.count("\n") == 1
 
+    traces = recorded / "traces.jsonl"
+    kept = traces.read_text()
+    traces.write_text(kept + "{not json\n")
+    assert main([*base, "--n-train", "2", "--out", str(tmp_path / "o"), "--reflections-from", str(recorded)]) == 2
+    err = capsys.readouterr().err
+    assert "traces.jsonl: line 3:" in err and err.count("\n") == 1
+    traces.write_text(kept)
+
     (recorded / "reflections.jsonl").unlink()
     assert main([*base, "--n-train", "2", "--out", str(tmp_path / "o"), "--reflections-from", str(recorded)]) == 2
     assert "missing" in capsys.readouterr().err
