@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 __all__ = [
+    "DEFAULT_P",
     "DEFAULT_SHUFFLE_KEY",
     "SHUFFLE_KEYS",
     "Forest",
@@ -33,6 +34,7 @@ __all__ = [
     "ShuffleKey",
     "TreePlan",
     "augmented_shuffle",
+    "default_p",
     "flatten_keyed",
     "flatten_reduce",
     "group_count",
@@ -51,6 +53,18 @@ DEFAULT_SHUFFLE_KEY: ShuffleKey = "section-union"
 """The default reduce shape: how a window's reflections are routed and reduced. The evidence for it, real model
 and SIMULATED, with the files it comes from: docs/benchmarks.md (figures are kept there, not here, so that they
 cannot go stale in the code)."""
+
+
+DEFAULT_P: dict[str, int] = {"none": 2, "section": 2, "section-union": 1}
+"""The duplication factor p of each reduce shape unless ``COMBEE_P`` sets one. The shapes that merge keep the
+paper's p = 2 (a merge call selects among proposals, and a second copy of a reflection guards against a merge
+dropping it); ``section-union`` merges nothing, so a second copy only makes duplicates and fuller groups. On the
+local model it also learned fewer lessons, more slowly (docs/benchmarks.md)."""
+
+
+def default_p(shape: str) -> int:
+    """The duplication factor of reduce shape ``shape`` by default (:data:`DEFAULT_P`)."""
+    return DEFAULT_P[shape]
 
 
 def window_id(namespace: str, source: str, first_offset: int, last_offset: int) -> str:

@@ -62,7 +62,8 @@ class Settings(StreamSettings):
     cache_dir: Path | None = None
 
     # --- method ---
-    p: int = Field(default=2, ge=1, le=8)
+    # the duplication factor of the augmented shuffle; None: the reduce shape's own (combee.plan.DEFAULT_P)
+    p: int | None = Field(default=None, ge=1, le=8)
     max_group_items: int = Field(default=24, ge=2)
     max_fan_in: int = Field(default=12, ge=2)
     # The reduce's shape (docs/benchmarks.md): section-union routes reflections by section and unites the

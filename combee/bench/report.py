@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from combee.bench.spec import PAPER_FORMULA_NAIVE
-from combee.plan import DEFAULT_SHUFFLE_KEY
+from combee.plan import DEFAULT_SHUFFLE_KEY, default_p
 
 __all__ = [
     "CALIBRATION_TOLERANCE",
@@ -139,7 +139,7 @@ def _select(runs: Sequence[Run], **where: Any) -> list[Run]:
 
 def _default_knobs(run: Run, shape: str = "none") -> bool:
     # issue 3's checks are judged under the honest merge law (factor 1: a merge overloads like a curator call)
-    knobs = run.get("p") == 2 and run.get("group_factor") == 1.0 and run.get("max_group_items") == 24
+    knobs = run.get("p") == default_p(shape) and run.get("group_factor") == 1.0 and run.get("max_group_items") == 24
     return knobs and run.get("merge_factor", 1.0) == 1.0 and run.get("shuffle_key", "none") == shape
 
 

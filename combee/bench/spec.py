@@ -20,7 +20,7 @@ from typing import Literal
 
 from combee.controller import DEFAULT_BS_MAX, DEFAULT_TRIAL_SIZES
 from combee.corroborate import DEFAULT_HARMFUL_TAGS
-from combee.plan import DEFAULT_SHUFFLE_KEY
+from combee.plan import DEFAULT_SHUFFLE_KEY, default_p
 
 __all__ = [
     "PAPER_FORMULA_NAIVE",
@@ -155,6 +155,7 @@ class BenchConfig:
     profile: str = "gpu"
     merge_factors: tuple[float | None, ...] = (1.0,)
     shuffle_keys: tuple[str, ...] = ("none",)  # reduce shapes of the Combee runs at fixed batch sizes
+    ps: tuple[int, ...] = ()  # their duplication factors; empty: each shape's own (combee.plan.DEFAULT_P)
     # the reduce shape of the controller's runs: by default the one combee learn and the workers use
     auto_shape: str = DEFAULT_SHUFFLE_KEY
     # How the simulated reflector labels sections (combee.sim.world.Behaviour.labels): consistent | random:N | free
@@ -204,10 +205,16 @@ class BenchConfig:
         from combee.sim.world import Behaviour
 
         Behaviour(labels=self.labels)  # raises ValueError for an unknown spelling
+        if any(p < 1 for p in self.ps) or len(set(self.ps)) != len(self.ps):
+            raise ValueError(f"duplication factors are distinct and at least 1, got {self.ps}")
         if self.auto_shape not in SHUFFLE_KEYS:
             raise ValueError(
                 f"the controller's reduce shape is one of {', '.join(SHUFFLE_KEYS)}, got {self.auto_shape}"
             )
+
+    def ps_of(self, shape: str) -> tuple[int, ...]:
+        """The duplication factors of the Combee runs of reduce shape ``shape`` at fixed batch sizes."""
+        return self.ps or (default_p(shape),)
 
 
 QUICK = {"n_traces": 100, "seeds": (1,), "batch_sizes": (1, 25), "auto": False, "time_scale": 0.02, "test_n": 100}
@@ -229,22 +236,25 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
             runs.append(RunSpec("sequential", 1, seed, n, merge_factor=first))
             for method in config.methods:
                 for b in config.batch_sizes:
-                    if b > 1:
-                        runs.append(RunSpec(method, b, seed, n, merge_factor=first))  # type: ignore[arg-type]
+                    if b <= 1:
+                        continue
+                    for p in config.ps_of("none") if method == "combee" else (2,):
+                        runs.append(RunSpec(method, b, seed, n, merge_factor=first, p=p))  # type: ignore[arg-type]
             if config.auto and "combee" in config.methods:
                 for grid in config.auto_grids:
                     shape = config.auto_shape
                     runs.append(
-                        RunSpec("combee", "auto", seed, n, merge_factor=first, shuffle_key=shape, auto_grid=grid)
-                    )
+                        RunSpec("combee", "auto", seed, n, merge_factor=first, shuffle_key=shape, auto_grid=grid,
+                                p=default_p(shape))
+                    )  # fmt: skip
             # the other merge laws and reduce shapes: only Combee's runs depend on them
             for factor in config.merge_factors:
                 for shape in config.shuffle_keys:
                     if "combee" not in config.methods or (factor == first and shape == "none"):
                         continue
                     for b in config.batch_sizes:
-                        if b > 1:
-                            runs.append(RunSpec("combee", b, seed, n, merge_factor=factor, shuffle_key=shape))
+                        for p in config.ps_of(shape) if b > 1 else ():
+                            runs.append(RunSpec("combee", b, seed, n, merge_factor=factor, shuffle_key=shape, p=p))
     if config.ablations:
         b = config.ablation_batch
         for seed in config.seeds:

@@ -137,6 +137,12 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "within a section), section-union (keyed, no merge call); default none",
     )
     s.add_argument(
+        "--ps",
+        type=_ints,
+        help="duplication factors p of the Combee runs at fixed batch sizes, e.g. 1,2 (default: each reduce "
+        "shape's own, combee.plan.DEFAULT_P: 2 for none and section, 1 for section-union)",
+    )
+    s.add_argument(
         "--auto-shape",
         type=_shape,
         help=f"reduce shape of the controller's (auto) runs (default {d.auto_shape}, as in combee learn and the "
@@ -200,6 +206,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "profile": "profile",
         "merge_factors": "merge_factors",
         "shapes": "shuffle_keys",
+        "ps": "ps",
         "auto_shape": "auto_shape",
         "auto_grids": "auto_grids",
         "labels": "labels",

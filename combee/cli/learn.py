@@ -90,7 +90,7 @@ def metrics_document(result: Any, *, method: str, settings: Settings, extra: dic
         "endpoint": endpoint_url(settings.openai_base_url),
         "models": {r.value: m for r, m in settings.models().items()},
         "method_config": {
-            "p": settings.p,
+            "p": method_config(settings, "combee").p,
             "max_group_items": settings.max_group_items,
             "max_fan_in": settings.max_fan_in,
             "reduce_shape": settings.reduce_shape,

@@ -292,7 +292,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "data": {"dir": str(data_dir), "train_file": spec.train_file, "test_file": spec.test_file, "note": spec.note},
         "grading": _grading(spec.name),
         "method_config": {
-            "p": settings.p,
+            "p": method_config(settings, "combee").p,
             "max_group_items": settings.max_group_items,
             "max_fan_in": settings.max_fan_in,
             "reduce_shape": settings.reduce_shape,

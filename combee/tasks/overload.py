@@ -75,17 +75,18 @@ class Variant:
 
 def default_variants(base: MethodConfig, n: int, naive_batches: Sequence[int] = (8, 16, 32, 64)) -> list[Variant]:
     """The issue's set over ``n`` reflections: naive at each batch size up to ``n`` (and ``n``), Combee's
-    shapes over one window of ``n`` (the paper's, ``section``, ``section-union`` at ``base.p`` and at p = 1),
-    and sequential last (the longest)."""
+    shapes over one window of ``n`` (the paper's, ``section``, ``section-union``) at ``base.p`` when it is more
+    than 1, else at the paper's p = 2 (the names of these variants carry no p), ``section-union`` at p = 1
+    too (``-p1-``), and sequential last (the longest)."""
     naive = replace(base, method=Method.NAIVE)
-    combee = replace(base, method=Method.COMBEE)
+    p = base.p if base.p > 1 else 2
+    combee = replace(base, method=Method.COMBEE, p=p)
     sizes = sorted({b for b in naive_batches if b < n} | {n})
     out = [Variant(f"naive-b{b}", naive, b, "naive") for b in sizes]
     for shape in ("none", "section", "section-union"):
         out.append(Variant(f"combee-{shape}-b{n}", replace(combee, shuffle_key=shape), n, "combee"))
-    if base.p != 1:
-        p1 = replace(combee, shuffle_key="section-union", p=1)
-        out.append(Variant(f"combee-section-union-p1-b{n}", p1, n, "combee"))
+    p1 = replace(combee, shuffle_key="section-union", p=1)
+    out.append(Variant(f"combee-section-union-p1-b{n}", p1, n, "combee"))
     out.append(Variant("sequential", replace(base, method=Method.SEQUENTIAL), 1, "sequential"))
     return out
 

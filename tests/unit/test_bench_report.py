@@ -138,18 +138,23 @@ def test_retention_criteria_judge_retention_at_sequentials_prompt_size() -> None
 
 
 def test_the_shipped_shape_is_judged_at_batch_100_when_it_ran() -> None:
-    from combee.plan import DEFAULT_SHUFFLE_KEY
+    from combee.plan import DEFAULT_SHUFFLE_KEY, default_p
 
+    shipped_p = default_p(DEFAULT_SHUFFLE_KEY)
     runs = sweep()
     assert by_name(acceptance(runs, {"n_traces": 500}))["default100_retention"].status == "not run"
+    other_p = [record("combee", 100, seed, wall=10.0, retention=0.95, at_size=0.9, shuffle_key=DEFAULT_SHUFFLE_KEY,
+                      p=shipped_p + 1) for seed in (1, 2, 3)]  # fmt: skip
+    assert by_name(acceptance(runs + other_p, {"n_traces": 500}))["default100_retention"].status == "not run"
     for seed in (1, 2, 3):
-        shipped = record("combee", 100, seed, wall=10.0, retention=0.95, at_size=0.6, shuffle_key=DEFAULT_SHUFFLE_KEY)
+        shipped = record("combee", 100, seed, wall=10.0, retention=0.95, at_size=0.6, shuffle_key=DEFAULT_SHUFFLE_KEY,
+                         p=shipped_p)  # fmt: skip
         runs.append(shipped)
     check = by_name(acceptance(runs, {"n_traces": 500}))["default100_retention"]
     assert check.status == "miss" and check.value == pytest.approx(0.6 / 0.95)
     assert DEFAULT_SHUFFLE_KEY in check.criterion
     overhead = by_name(acceptance(runs, {"n_traces": 500}))["overhead"]
-    assert f"b100/{DEFAULT_SHUFFLE_KEY}/p2/g1" in overhead.measured  # a shape's row is named by its shape
+    assert f"b100/{DEFAULT_SHUFFLE_KEY}/p{shipped_p}/g1" in overhead.measured  # a shape's row is named by its shape
 
 
 def test_overhead_uses_the_worst_combee_configuration() -> None:

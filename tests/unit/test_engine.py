@@ -142,6 +142,18 @@ def test_the_default_reduce_is_the_keyed_union() -> None:
     assert method_config(Settings(reduce_shape="none"), "combee").shuffle_key == "none"
 
 
+def test_the_duplication_factor_is_the_shapes_own_unless_set() -> None:
+    from combee.settings import Settings
+    from combee.wiring import method_config
+
+    # section-union merges nothing, so it does not duplicate; the shapes that merge keep the paper's 2
+    assert method_config(Settings(), "combee").p == 1
+    assert method_config(Settings(reduce_shape="section"), "combee").p == 2
+    assert method_config(Settings(reduce_shape="none"), "combee").p == 2
+    assert method_config(Settings(p=3), "combee").p == 3
+    assert method_config(Settings(p=2, reduce_shape="section-union"), "combee").p == 2
+
+
 async def test_learn_epochs_and_windows():
     llm = ScriptedLLM(echo_script)
     res = await learn(traces(25), llm, LearnConfig(method=MethodConfig(), batch_size=10, epochs=2))

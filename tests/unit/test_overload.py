@@ -25,7 +25,14 @@ def test_the_default_variants_are_the_issue_set_over_n_reflections() -> None:
 def test_naive_batches_above_n_are_dropped_and_n_is_added() -> None:
     names = [v.name for v in default_variants(MethodConfig(p=1), 20, (8, 16, 32))]
     assert names[:3] == ["naive-b8", "naive-b16", "naive-b20"]
-    assert "combee-section-union-p1-b20" not in names  # p is already 1
+
+
+def test_the_shapes_run_at_the_papers_p_unless_a_larger_one_is_set_and_section_union_at_p_1_too() -> None:
+    # the default settings resolve p = 1 for section-union (combee.plan.DEFAULT_P): the shapes still run at 2
+    for base, p in ((MethodConfig(p=1), 2), (MethodConfig(p=2), 2), (MethodConfig(p=3), 3)):
+        by_name = {v.name: v.config.p for v in default_variants(base, 64)}
+        assert by_name["combee-none-b64"] == by_name["combee-section-union-b64"] == p
+        assert by_name["combee-section-union-p1-b64"] == 1
 
 
 def test_without_leaves_out_the_named_variants_and_keeps_the_order() -> None:
