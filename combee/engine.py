@@ -31,6 +31,7 @@ from combee.plan import (
     Forest,
     KeyedPlan,
     ReducePlan,
+    default_p,
     flatten_keyed,
     flatten_reduce,
     plan_keyed,
@@ -81,10 +82,13 @@ def reflection_key(reflection: Reflection) -> str:
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """Knobs of the reduce. Defaults are the paper's (p = 2, k = ⌊√n⌋) plus Combee's tree bounds."""
+    """Knobs of the reduce. Defaults are the paper's (k = ⌊√n⌋) plus Combee's tree bounds; ``p`` = 0 (the
+    default) is the reduce shape's own duplication factor (:data:`combee.plan.DEFAULT_P`: the paper's 2 for the
+    shapes that merge, 1 for ``section-union``), resolved at construction. ``replace(config, shuffle_key=...)``
+    keeps the resolved ``p``: pass ``p=0`` with it for the new shape's own."""
 
     method: Method = Method.COMBEE
-    p: int = 2
+    p: int = 0
     max_group_items: int = 24
     max_fan_in: int = 12
     group_factor: float = 1.0
@@ -113,14 +117,16 @@ class MethodConfig:
         return self.corroboration if k is None else replace(self.corroboration, min_traces=k)
 
     def __post_init__(self) -> None:
+        if self.shuffle_key not in SHUFFLE_KEYS:
+            raise ValueError(f"shuffle_key must be one of {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_key!r}")
+        if self.p == 0:
+            object.__setattr__(self, "p", default_p(self.shuffle_key))
         if self.p < 1:
-            raise ValueError("p (duplication factor) must be >= 1")
+            raise ValueError("p (duplication factor) must be >= 1 (or 0: the reduce shape's own)")
         if self.parse_attempts < 1:
             raise ValueError("parse_attempts must be >= 1")
         if not self.retry_temperatures or any(t < 0 for t in self.retry_temperatures):
             raise ValueError("retry_temperatures must be a non-empty list of temperatures >= 0")
-        if self.shuffle_key not in SHUFFLE_KEYS:
-            raise ValueError(f"shuffle_key must be one of {', '.join(SHUFFLE_KEYS)}, got {self.shuffle_key!r}")
 
     def plan_keyed(self, reflections: Sequence[Reflection], seed_key: str) -> KeyedPlan:
         """The keyed reduce of ``reflections`` (``shuffle_key`` other than "none")."""

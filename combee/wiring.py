@@ -22,7 +22,6 @@ from combee.graders import JUDGE, make_grader
 from combee.identity import IdentityPolicy, parse_producer_keys, parse_required
 from combee.llm import Role
 from combee.metrics import LLMPrices, Metrics, NoMetrics
-from combee.plan import default_p
 from combee.playbook import ApplyPolicy
 from combee.promotion import GateRule, PromotionConfig, Rule
 from combee.quotas import QuotaLedger, Quotas, RateLimit
@@ -205,7 +204,7 @@ def method_config(settings: Settings, method: str, group_factor: float = 1.0) ->
     """The method's knobs (``p``, group and fan-in bounds, the reduce's shape, parse attempts, token budget)."""
     return MethodConfig(
         method=Method(method),
-        p=settings.p if settings.p is not None else default_p(settings.reduce_shape),
+        p=settings.p or 0,  # 0: the reduce shape's own (combee.plan.DEFAULT_P)
         max_group_items=settings.max_group_items,
         max_fan_in=settings.max_fan_in,
         group_factor=group_factor,

@@ -202,8 +202,8 @@ def _learn_configs(settings: Any, methods: Sequence[str], batch: int) -> dict[st
     for name in methods:
         method, shape, p = _variant(name)
         config = method_config(settings, method)
-        if shape is not None:
-            config = replace(config, shuffle_key=shape)
+        if shape is not None:  # at the shape's own p unless COMBEE_P sets one
+            config = replace(config, shuffle_key=shape, p=settings.p or 0)
         if p is not None:
             config = replace(config, p=p)
         configs[name] = LearnConfig(method=config, batch_size=1 if method == "sequential" else batch)

@@ -152,6 +152,16 @@ def test_the_duplication_factor_is_the_shapes_own_unless_set() -> None:
     assert method_config(Settings(reduce_shape="none"), "combee").p == 2
     assert method_config(Settings(p=3), "combee").p == 3
     assert method_config(Settings(p=2, reduce_shape="section-union"), "combee").p == 2
+    # the same resolution where a config is built by hand, as the offline replica of a stream run is
+    assert MethodConfig().p == 1 and MethodConfig(shuffle_key="none").p == 2 and MethodConfig(p=3).p == 3
+    with pytest.raises(ValueError):
+        MethodConfig(p=-1)
+    # combee task's method variants run each shape at its own p unless COMBEE_P is set
+    from combee.cli.task import _learn_configs
+
+    configs = _learn_configs(Settings(), ["combee", "combee:none", "combee:section"], 32)
+    assert [configs[m].method.p for m in ("combee", "combee:none", "combee:section")] == [1, 2, 2]
+    assert _learn_configs(Settings(p=3), ["combee:none"], 32)["combee:none"].method.p == 3
 
 
 async def test_learn_epochs_and_windows():
