@@ -447,14 +447,14 @@ async def reduce_window(
         outcome = await curate(reflections, playbook, llm, **kw)  # type: ignore[arg-type]
         ops, reduce_s = outcome.value or (), outcome.service_s
 
+    producers = producers_of(window.traces)
     finished = await finish_ops(
-        ops, playbook, config, dedup, meter, pending=pending, producers=producers_of(window.traces),
-        window_id=window.id, at=clock(),
-    )  # fmt: skip
+        ops, playbook, config, dedup, meter, pending=pending, producers=producers, window_id=window.id, at=clock()
+    )
     ops = finished.ops
     tags, held_tags = corroborate_tags(
         tags, playbook, config.corroboration_for(playbook.namespace), taggers=harmful_taggers(reflected),
-        producers=producers_of(window.traces),
+        producers=producers,
     )  # fmt: skip
     meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(

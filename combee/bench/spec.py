@@ -238,8 +238,11 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
                 for b in config.batch_sizes:
                     if b <= 1:
                         continue
-                    for p in config.ps_of("none") if method == "combee" else (2,):
-                        runs.append(RunSpec(method, b, seed, n, merge_factor=first, p=p))  # type: ignore[arg-type]
+                    if method != "combee":  # naive: no duplication factor to vary
+                        runs.append(RunSpec(method, b, seed, n, merge_factor=first))  # type: ignore[arg-type]
+                        continue
+                    for p in config.ps_of("none"):
+                        runs.append(RunSpec("combee", b, seed, n, merge_factor=first, p=p))
             if config.auto and "combee" in config.methods:
                 for grid in config.auto_grids:
                     shape = config.auto_shape
@@ -252,8 +255,8 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
                 for shape in config.shuffle_keys:
                     if "combee" not in config.methods or (factor == first and shape == "none"):
                         continue
-                    for b in config.batch_sizes:
-                        for p in config.ps_of(shape) if b > 1 else ():
+                    for b in (b for b in config.batch_sizes if b > 1):
+                        for p in config.ps_of(shape):
                             runs.append(RunSpec("combee", b, seed, n, merge_factor=factor, shuffle_key=shape, p=p))
     if config.ablations:
         b = config.ablation_batch

@@ -280,6 +280,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
 
     answers = sum(s.calls for s in result.phases.values())
     simulated_answers = sum(s.simulated for s in result.phases.values())
+    combee = method_config(settings, "combee")  # the p and corroboration the settings resolve to
     meta = {
         "task": spec.name,
         "simulated": is_simulator(cards) or (answers > 0 and simulated_answers == answers),
@@ -292,13 +293,13 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "data": {"dir": str(data_dir), "train_file": spec.train_file, "test_file": spec.test_file, "note": spec.note},
         "grading": _grading(spec.name),
         "method_config": {
-            "p": method_config(settings, "combee").p,
+            "p": combee.p,
             "max_group_items": settings.max_group_items,
             "max_fan_in": settings.max_fan_in,
             "reduce_shape": settings.reduce_shape,
             "token_budget": settings.token_budget,
             "dedup": {"embedder": dedup.embedder.name, "threshold": dedup.threshold} if dedup else None,
-            "corroboration": dataclasses.asdict(method_config(settings, "combee").corroboration),
+            "corroboration": dataclasses.asdict(combee.corroboration),
         },
         "llm": {
             "concurrency": settings.llm_max_concurrency,

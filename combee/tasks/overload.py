@@ -39,6 +39,7 @@ from combee.embeddings import NearDuplicates
 from combee.engine import Method, MethodConfig, Window, WindowResult, reduce_window
 from combee.meter import Meter
 from combee.models import Playbook, Reflection, Trace
+from combee.plan import default_p
 from combee.quality import Bloat, bloat
 from combee.roles import reflect
 from combee.screen import REASONS
@@ -79,8 +80,7 @@ def default_variants(base: MethodConfig, n: int, naive_batches: Sequence[int] = 
     than 1, else at the paper's p = 2 (the names of these variants carry no p), ``section-union`` at p = 1
     too (``-p1-``), and sequential last (the longest)."""
     naive = replace(base, method=Method.NAIVE)
-    p = base.p if base.p > 1 else 2
-    combee = replace(base, method=Method.COMBEE, p=p)
+    combee = replace(base, method=Method.COMBEE, p=max(base.p, default_p("none")))
     sizes = sorted({b for b in naive_batches if b < n} | {n})
     out = [Variant(f"naive-b{b}", naive, b, "naive") for b in sizes]
     for shape in ("none", "section", "section-union"):
