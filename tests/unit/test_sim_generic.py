@@ -206,8 +206,9 @@ def _numeric_schema(draw: st.DrawFn) -> dict[str, Any]:
     high = draw(st.none() | st.integers(-1000, 1000))
     if low is not None and high is not None and low > high:
         low, high = high, low
-    if low is not None and high is not None and low == high:
-        high += 3
+    if low is not None and high is not None and high - low < 3:
+        # a range some value satisfies: exclusive integer bounds 0 and 1 admit none (that refusal is tested apart)
+        high = low + 3
     exclusive = draw(st.booleans())
     if low is not None:
         schema["exclusiveMinimum" if exclusive else "minimum"] = low
@@ -449,6 +450,7 @@ def test_combees_own_schemas_get_instances_of_their_shape(schema: dict[str, Any]
         False,
         {"type": "string", "minLength": 5, "maxLength": 2},
         {"type": "integer", "minimum": 3, "maximum": 1},
+        {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 1},  # no integer strictly between
         {"type": "object", "required": ["a"], "properties": {}, "additionalProperties": False},
         {"type": "array", "minItems": 2, "items": False},
         {"enum": []},
