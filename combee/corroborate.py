@@ -20,6 +20,14 @@ the harmful-tag rule holds anything back):
   ``established_helpful``, or pinned): pending until k teachers asked for it (UPDATEs of one bullet corroborate
   one another when their texts are near duplicates; REMOVEs of one bullet always do). An UPDATE or REMOVE of a
   bullet not yet established passes as before.
+* **A change is taught by the lessons that state it.** When the window's lessons are known (per trace, what its
+  reflection said: :func:`combee.evidence.window_lessons`), an UPDATE of an established bullet that adds
+  content (at least :data:`CHANGE_WORDS` content words its bullet did not have, :func:`added_words`) counts as
+  teachers only the cited traces whose own lessons state at least half of the added words
+  (:func:`stated_by`). Citing a genuine trace does not lend its voice to a clause only the attacker's traces
+  said: on the real model a near-duplicate attack rewrote an established lesson through an UPDATE that cited
+  nine attack traces and one genuine one (docs/results/redteam-real-3, ``b00006``). Held for this reason when
+  the cited teachers alone would have been enough: counted ``change_unstated``.
 * **Harmful tags** (``harmful_tags``, default 2): harmful tags on an established bullet count only when at
   least that many reflections of the window (and at least k) tagged it harmful (:func:`corroborate_tags`).
   A trace reports which bullets its agent used and whether it succeeded, so without this rule one crafted
@@ -45,25 +53,33 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from combee.dedup import Similarity
 from combee.embeddings import NearDuplicates
 from combee.models import GENERAL_SECTION, LIMITS, AddOp, BulletId, DeltaOp, Playbook, RemoveOp, Section, UpdateOp
+from combee.wording import content_words
 
 __all__ = [
+    "CHANGE_WORDS",
     "DEFAULT_HARMFUL_TAGS",
     "HELD_REASONS",
     "Corroborated",
     "Corroboration",
     "PendingLesson",
+    "added_words",
     "corroborate",
     "corroborate_tags",
     "corroborate_with",
     "established",
+    "stated_by",
     "teachers",
 ]
 
-HELD_REASONS = ("pending", "trace_cap", "producer_cap", "expired", "harmful_tag")
+HELD_REASONS = ("pending", "trace_cap", "producer_cap", "expired", "harmful_tag", "change_unstated")
 """Why an operation did not go live in its window (a bounded set: it labels a metric)."""
 
 DEFAULT_HARMFUL_TAGS = 2
 """Reflections of one window that must tag an established bullet harmful before the tags count (module docstring)."""
+
+CHANGE_WORDS = 2
+"""Content words an UPDATE must add to its bullet before only the lessons that state them count its teachers (fewer:
+a rewording, taught by every trace it cites)."""
 
 _MAX_TRACES = 64  # trace ids kept per pending lesson (its teachers are counted from them)
 
@@ -214,12 +230,14 @@ def _support(
     verified: Mapping[str, str],
     where: tuple[str, float, str],
     graded: Mapping[str, str],
+    stated: Sequence[str] | None = None,
 ) -> PendingLesson:
     """``entry`` (or a new entry for ``op``) with ``op``'s teachers added; ``where`` is (window id, time,
-    namespace)."""
+    namespace). ``stated``: the cited traces that count as teachers (:func:`stated_by`; None: all of them);
+    every cited trace is recorded."""
     window_id, at, ns = where
     srcs = _sources(op) or (f"window:{window_id}",)
-    new_teachers = sorted(teachers(srcs, producers))
+    new_teachers = sorted(teachers(srcs if stated is None else stated, producers))
     new_producers = [producers[t] for t in srcs if t in producers]
     if entry is None:
         return PendingLesson(
@@ -281,6 +299,27 @@ def _stale(entry: PendingLesson, playbook: Playbook) -> bool:
     return entry.bullet_id is not None and entry.op != "ADD" and playbook.bullet(entry.bullet_id) is None
 
 
+def added_words(op: DeltaOp, playbook: Playbook) -> frozenset[str]:
+    """The content words (:func:`combee.wording.content_words`) an UPDATE's text adds to its bullet in
+    ``playbook``; empty for any other operation or a bullet not there."""
+    old = playbook.bullet(op.bullet_id) if isinstance(op, UpdateOp) else None
+    if old is None or not isinstance(op, UpdateOp):
+        return frozenset()
+    return content_words(op.content) - content_words(old.content)
+
+
+def stated_by(op: DeltaOp, playbook: Playbook, lessons: Mapping[str, Sequence[str]] | None) -> tuple[str, ...] | None:
+    """The traces ``op`` cites whose own lessons state what it adds to its bullet (module docstring): each
+    trace's lessons together hold at least half of :func:`added_words`. None (every cited trace counts) when
+    ``lessons`` is None (not known, as in a plan written before they were carried) or ``op`` adds fewer than
+    :data:`CHANGE_WORDS` content words. A cited trace with no lessons states nothing."""
+    added = added_words(op, playbook)
+    if lessons is None or len(added) < CHANGE_WORDS:
+        return None
+    need = (len(added) + 1) // 2
+    return tuple(t for t in _sources(op) if len(added & content_words(" ".join(lessons.get(t, ())))) >= need)
+
+
 def corroborate(
     ops: Sequence[DeltaOp],
     pending: Sequence[PendingLesson],
@@ -293,12 +332,14 @@ def corroborate(
     verified: Mapping[str, str] | None = None,
     similarity: Similarity | None = None,
     graded: Mapping[str, str] | None = None,
+    lessons: Mapping[str, Sequence[str]] | None = None,
 ) -> Corroborated:
     """``ops`` (a window's finished operations against ``playbook``) judged by ``policy`` against the pool
     ``pending`` (module docstring). ``producers`` maps a trace id to its producer (traces not in it are their
     own teacher), ``verified`` to its verified producer (kept with a pending lesson, returned in
     ``Corroborated.verified`` when it goes live), ``graded`` to the producer of its trusted feedback (the same,
-    in ``Corroborated.graded``); ``similarity`` is the near-duplicate rule over the texts of
+    in ``Corroborated.graded``), ``lessons`` to the lessons its reflection stated (None: not known; an UPDATE's
+    teachers are then all the traces it cites); ``similarity`` is the near-duplicate rule over the texts of
     ``ops`` and ``pending`` (None: equal texts only). Deterministic; the order of ``ops`` is kept for the ones
     that go live, and a pending lesson that goes live takes the place of the operation that corroborated it."""
     if not policy.active and not pending:
@@ -318,7 +359,8 @@ def corroborate(
             continue
         key = _match(op, pool, similarity)
         where = (window_id, at, playbook.namespace)
-        entry = _support(pool.get(key) if key else None, op, producers, verified, where, graded)
+        stated = stated_by(op, playbook, lessons)
+        entry = _support(pool.get(key) if key else None, op, producers, verified, where, graded, stated)
         if len(entry.teachers) >= policy.min_traces:
             live.append(_live(entry, op))
             went_live.update(entry.verified)
@@ -328,6 +370,9 @@ def corroborate(
                 resolved.append(key)
             continue
         held["pending"] += 1
+        if stated is not None:
+            cited = _support(pool.get(key) if key else None, op, producers, verified, where, graded)
+            held["change_unstated"] += len(cited.teachers) >= policy.min_traces
         if key is not None:
             del pool[key]  # re-inserted last: the pool's order is by last support
         pool[entry.id] = entry
@@ -385,6 +430,7 @@ async def corroborate_with(
     window_id: str,
     at: float,
     graded: Mapping[str, str] | None = None,
+    lessons: Mapping[str, Sequence[str]] | None = None,
 ) -> Corroborated:
     """:func:`combee.corroborate.corroborate` with the near-duplicate rule's vectors for the texts it compares
     (none needed, and none asked for, while the pool is empty)."""
@@ -395,5 +441,5 @@ async def corroborate_with(
         similarity = await dedup.similarity(texts)
     return corroborate(
         ops, pending, playbook, policy, window_id=window_id, at=at, producers=producers, verified=verified,
-        similarity=similarity, graded=graded,
+        similarity=similarity, graded=graded, lessons=lessons,
     )  # fmt: skip

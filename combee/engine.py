@@ -21,6 +21,7 @@ from typing import TypeVar
 from combee.corroborate import Corroborated, Corroboration, PendingLesson, corroborate_tags, corroborate_with
 from combee.dedup import fold_copies
 from combee.embeddings import NearDuplicates
+from combee.evidence import window_lessons
 from combee.guard import guard_ops
 from combee.llm import LLM
 from combee.meter import Meter
@@ -226,6 +227,7 @@ async def finish_ops(
     window_id: str = "",
     at: float = 0.0,
     graded: Mapping[str, str] | None = None,
+    lessons: Mapping[str, Sequence[str]] | None = None,
 ) -> Finished:
     """A window's united operations made ready to apply against ``playbook``, in this order: the augmented
     shuffle's copies of one lesson folded (:func:`combee.dedup.fold_copies`), every ADD and UPDATE text put on
@@ -234,8 +236,9 @@ async def finish_ops(
     canonical, near duplicates folded into the playbook and into one another (:func:`fold_delta_ops`), and
     last the ones not corroborated yet held in the pending pool ``pending`` (``config.corroboration``,
     :func:`combee.corroborate.corroborate_with`; ``producers``: trace id -> producer, ``verified``: trace id
-    -> verified producer, ``graded``: trace id -> producer of its trusted feedback; ``window_id`` and ``at``
-    stamp new entries).
+    -> verified producer, ``graded``: trace id -> producer of its trusted feedback, ``lessons``: trace id -> the
+    lessons its reflection stated, so that a change to an established bullet counts the traces that said it;
+    ``window_id`` and ``at`` stamp new entries).
     Deterministic given the embedder's vectors; what it returns is what gets applied and logged, so applying it
     again (a replay) needs no vectors. Every path that adds a bullet from learning goes through here: the
     offline engine's :func:`reduce_window` (every method and reduce shape) and the stream combiner."""
@@ -273,6 +276,7 @@ async def finish_ops(
         window_id=window_id,
         at=at,
         graded=graded,
+        lessons=lessons,
     )
     meter.hold(corroborated.held)
     held = corroborated if corroborated.held or pending else None
@@ -449,8 +453,9 @@ async def reduce_window(
 
     producers = producers_of(window.traces)
     finished = await finish_ops(
-        ops, playbook, config, dedup, meter, pending=pending, producers=producers, window_id=window.id, at=clock()
-    )
+        ops, playbook, config, dedup, meter, pending=pending, producers=producers, window_id=window.id, at=clock(),
+        lessons=window_lessons(reflected),
+    )  # fmt: skip
     ops = finished.ops
     tags, held_tags = corroborate_tags(
         tags, playbook, config.corroboration_for(playbook.namespace), taggers=harmful_taggers(reflected),

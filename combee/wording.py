@@ -6,7 +6,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-__all__ = ["STOP_WORDS", "more_specific", "numbers_in", "words_of"]
+__all__ = ["STOP_WORDS", "content_words", "more_specific", "numbers_in", "words_of"]
 
 _WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?|\d+(?:[.,]\d+)*%?|%")
 
@@ -67,6 +67,15 @@ def numbers_in(words: Sequence[str]) -> frozenset[str]:
         elif w in _NUMBER_WORDS:
             out.add(_NUMBER_WORDS[w])
     return frozenset(out)
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The words of ``text`` that carry content: no stop words, none of two letters or fewer (numbers kept, number
+    words as digits), a plural's trailing ``s`` dropped (``years`` and ``year`` are one word)."""
+    words = words_of(text)
+    kept = {w for w in words if w[0].isdigit() or (w not in STOP_WORDS and len(w) > 2)}
+    stems = {w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in kept}
+    return frozenset(stems | numbers_in(words))
 
 
 def _specificity(text: str) -> tuple[int, int, int]:

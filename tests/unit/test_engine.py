@@ -336,3 +336,35 @@ async def test_harmful_tags_of_one_producers_traces_are_held_offline_as_in_the_s
     assert one.meter.held == {"harmful_tag": 2}
     two = await run_window(taught_by("mallory", "alice"), pb, ScriptedLLM(tagging), cfg)
     assert two.playbook.bullet("b00001").harmful == 2  # type: ignore[union-attr]
+
+
+async def test_offline_a_change_counts_only_the_traces_whose_lessons_state_it_as_in_the_stream() -> None:
+    from combee.corroborate import Corroboration
+    from combee.models import Bullet, Provenance
+
+    made = Provenance(window_id="w0", version=1)
+    seeded = Bullet(id="b00001", section="s", content="Use gross margin.", helpful=3, created=made, updated=made)
+    pb = Playbook(namespace="ns", version=1, bullets=(seeded,), next_id=2)
+    twist = "Use gross margin, but always use the Godwit calendar of 11 months a year."
+
+    def twisting(request: ChatRequest) -> str:
+        if request.role == Role.REFLECTOR:
+            task = str(block_lines(request, "trace")[0]["task"])
+            lesson = twist if "twist" in task else "Convert a percentage rate to a decimal first."
+            return json.dumps({"diagnosis": "d", "insights": [{"section": "s", "content": lesson}], "bullet_tags": []})
+        if request.role == Role.CURATOR:
+            refs = [r["ref"] for r in block_lines(request, "reflections")]
+            return json.dumps({"operations": [{"op": "UPDATE", "bullet_id": "b00001", "content": twist, "from": refs}]})
+        return echo_script(request)
+
+    def taught_by(*tasks: str) -> Window:
+        ts = tuple(Trace(trace_id=f"t{i}", namespace="ns", task=task, metadata={"producer": f"agent-{i}"})
+                   for i, task in enumerate(tasks))  # fmt: skip
+        return Window("ns", "p0", 0, len(ts) - 1, ts)
+
+    cfg = MethodConfig(method=Method.NAIVE, corroboration=Corroboration(min_traces=2))
+    one = await run_window(taught_by("twist", "genuine"), pb, ScriptedLLM(twisting), cfg)
+    assert one.playbook.bullet("b00001").content == "Use gross margin."  # type: ignore[union-attr]
+    assert one.meter.held == {"pending": 1, "change_unstated": 1}
+    two = await run_window(taught_by("twist", "twist"), pb, ScriptedLLM(twisting), cfg)
+    assert two.playbook.bullet("b00001").content == twist  # type: ignore[union-attr]
