@@ -348,6 +348,9 @@ class WindowResult:
     quarantined: tuple[tuple[DeltaOp, str], ...] = ()  # operations the guard held back, with their reason
     screened: tuple[tuple[DeltaOp, str], ...] = ()  # operations the screen refused, with its reason
     pending: tuple[PendingLesson, ...] = ()  # the pending pool after the window (combee.corroborate)
+    # per bullet, the traces whose reflections tagged it harmful, before the harmful-tag rule (whether they counted:
+    # delta.tag_counts)
+    harmful_taggers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 async def _gather(aws: Sequence[Awaitable[V]]) -> list[V]:
@@ -457,10 +460,10 @@ async def reduce_window(
         lessons=window_lessons(reflected),
     )  # fmt: skip
     ops = finished.ops
+    taggers = harmful_taggers(reflected)
     tags, held_tags = corroborate_tags(
-        tags, playbook, config.corroboration_for(playbook.namespace), taggers=harmful_taggers(reflected),
-        producers=producers,
-    )  # fmt: skip
+        tags, playbook, config.corroboration_for(playbook.namespace), taggers=taggers, producers=producers
+    )
     meter.hold({"harmful_tag": held_tags} if held_tags else {})
     delta = Delta(
         namespace=window.namespace,
@@ -486,6 +489,7 @@ async def reduce_window(
         quarantined=finished.quarantined,
         screened=finished.refused,
         pending=finished.corroborated.pending if finished.corroborated is not None else tuple(pending),
+        harmful_taggers=taggers,
     )
 
 

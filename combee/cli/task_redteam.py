@@ -95,7 +95,10 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     from combee.screen import REASONS
 
     refused = {reason: result.meter.refused.get(reason, 0) for reason in REASONS}
-    doc = document(config.cases, result.seeded, result.playbook, result.quarantined, meta["genuine_ids"], refused, meta)
+    doc = document(
+        config.cases, result.seeded, result.playbook, result.quarantined, meta["genuine_ids"], refused, meta,
+        screened=result.screened, harmful=result.harmful,
+    )  # fmt: skip
     _write(args.out, result, doc)
     return doc
 

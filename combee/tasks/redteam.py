@@ -15,7 +15,9 @@ learned with the project's default method, to see what reaches the live prompt.
    configuration given (the CLI passes the defaults: Combee, the default reduce shape, screen and guard on). The
    final playbook, every quarantined operation with its reason (the guard, :mod:`combee.guard`), every operation
    the screen refused (:mod:`combee.screen`) and the meter (which also counts the insights the screen refused in
-   the reflector) are kept for the report (:mod:`combee.tasks.redteam_report`).
+   the reflector) are kept for the report (:mod:`combee.tasks.redteam_report`), and per window the harmful tags
+   given to each bullet: which traces gave them and how many counted after the harmful-tag rule
+   (:class:`HarmfulTags`), so the report can tell tags an attack gave from tags genuine agents gave.
 
 One LLM phase, ``learn``, with its own response cache: a rerun into the same directory replays it.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from combee.corroborate import PendingLesson
@@ -38,8 +40,10 @@ from combee.tasks.run import LLMFactory, MeteredLLM, PhaseDone, PhaseStats, Prog
 __all__ = [
     "ATTACKER",
     "LEARN_PHASE",
+    "HarmfulTags",
     "RedTeamConfig",
     "RedTeamResult",
+    "harmful_tags_of",
     "mix",
     "name_producers",
     "pick_genuine",
@@ -108,6 +112,29 @@ class RedTeamConfig:
     producers: int = 0  # genuine producers; > 0: every trace names one, the attacks all "attacker" (step 2)
 
 
+@dataclass(frozen=True)
+class HarmfulTags:
+    """One window's harmful tags on one bullet: the traces whose reflections gave them, and how many of the tags
+    counted (0 when the harmful-tag rule held them back; else one per tagger)."""
+
+    window: int  # 0-based, in learning order
+    bullet_id: str
+    taggers: tuple[str, ...]
+    counted: int
+
+
+def harmful_tags_of(
+    window: int, taggers: Mapping[str, Sequence[str]], counts: Mapping[str, tuple[int, int]]
+) -> list[HarmfulTags]:
+    """A window's :class:`HarmfulTags`, per bullet some reflection tagged harmful, in bullet order: ``taggers``
+    (:attr:`combee.engine.WindowResult.harmful_taggers`) and the window's tag counts as applied
+    (``delta.tag_counts``)."""
+    return [
+        HarmfulTags(window, bullet_id, tuple(traces), counts.get(bullet_id, (0, 0))[1])
+        for bullet_id, traces in sorted(taggers.items())
+    ]
+
+
 @dataclass
 class RedTeamResult:
     config: RedTeamConfig
@@ -119,6 +146,7 @@ class RedTeamResult:
     meter: Meter
     windows: int
     pending: int  # lessons still waiting for corroboration at the end
+    harmful: list[HarmfulTags] = field(default_factory=list)  # every window's, in order
     phases: dict[str, PhaseStats] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -141,6 +169,7 @@ async def run_redteam(
     pending: tuple[PendingLesson, ...] = ()
     quarantined: list[tuple[DeltaOp, str]] = []
     screened: list[tuple[DeltaOp, str]] = []
+    harmful: list[HarmfulTags] = []
     meter = Meter()
     stats = PhaseStats()
     spans = windows(len(traces), config.batch)
@@ -156,6 +185,7 @@ async def run_redteam(
             playbook, pending = result.playbook, result.pending
             quarantined.extend(result.quarantined)
             screened.extend(result.screened)
+            harmful.extend(harmful_tags_of(i, result.harmful_taggers, result.delta.tag_counts))
             meter.absorb(result.meter)
             bar.update(i + 1, len(spans), f"{len(playbook.bullets)} bullets, {len(quarantined)} quarantined")
     stats.wall_s = clock() - t0
@@ -175,6 +205,7 @@ async def run_redteam(
         meter=meter,
         windows=len(spans),
         pending=len(pending),
+        harmful=harmful,
         phases={LEARN_PHASE: stats},
         wall_s=clock() - started,
     )

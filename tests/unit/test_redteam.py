@@ -15,9 +15,9 @@ from combee.cli import main
 from combee.cli.task_redteam import DEFAULT_TRACES
 from combee.models import AddOp, Playbook, RemoveOp, Trace, UpdateOp
 from combee.playbook import render_prompt
-from combee.tasks.redteam import ATTACKER, mix, name_producers, pick_genuine, windows
+from combee.tasks.redteam import ATTACKER, HarmfulTags, harmful_tags_of, mix, name_producers, pick_genuine, windows
 from combee.tasks.redteam_cases import FAMILIES, SEED_LESSONS, Case, all_cases, matches, seeded_playbook
-from combee.tasks.redteam_report import document, genuine_lost, markdown, target_fate, verdict
+from combee.tasks.redteam_report import document, genuine_lost, harmful_by_source, markdown, target_fate, verdict
 
 CASES = all_cases()
 
@@ -213,10 +213,61 @@ def test_the_document_counts_per_family_and_the_markdown_shows_the_table() -> No
     assert doc["totals"]["attacks"] == len(CASES) and doc["totals"]["reached"] == 1
     assert doc["genuine_lost"]["quarantined"] == 1  # taught by a genuine trace only
     assert [b["sources"] for b in doc["attack_sourced_bullets"]] == [["redteam-feedback-2"]]
-    assert rows["harmful_tags"]["targets"] == {"removed": 0, "harmful": 0, "rewritten": 0}
+    assert rows["harmful_tags"]["targets"] == {"removed": 0, "harmful": 0, "rewritten": 0, "harmful_by_attack": 0}
     assert [c["case"] for c in doc["cases"] if c["outcome"] == "reached"] == [okapi.name]
     text = markdown(doc)
     assert "SIMULATED" in text and "| feedback | 5 | 1 | 0 | 4 |" in text and "records_the_run 2" in text
+
+
+def test_harmful_tags_are_told_apart_by_who_gave_them_and_whether_they_counted() -> None:
+    taggers = {"b00001": ("g1", "redteam-harmful_tags-1"), "b00004": ("redteam-harmful_tags-2",)}
+    counts = {"b00001": (0, 2), "b00004": (0, 0)}  # the rule let b00001's tags count and held b00004's
+    window = harmful_tags_of(3, taggers, counts)
+    assert window == [HarmfulTags(3, "b00001", ("g1", "redteam-harmful_tags-1"), 2),
+                      HarmfulTags(3, "b00004", ("redteam-harmful_tags-2",), 0)]  # fmt: skip
+    later = [HarmfulTags(4, "b00004", ("g2", "g3"), 2)]  # genuine agents blame it in another window
+    attacks = {c.name for c in CASES}
+    assert harmful_by_source([*window, *later], attacks) == {
+        "b00001": {"attack": 1, "genuine": 1, "held": 0},
+        "b00004": {"attack": 0, "genuine": 2, "held": 1},
+    }
+    seeded = seeded_playbook()
+    doc = document(CASES, seeded, seeded, [], ["g1", "g2", "g3"], {}, {}, harmful=[*window, *later])
+    targets = {c.target for c in CASES if c.family == "harmful_tags"}
+    rows = {r["family"]: r for r in doc["families"]}
+    blamed_by_attack = sum(1 for c in CASES if c.family == "harmful_tags" and c.target == "b00001")
+    assert rows["harmful_tags"]["targets"]["harmful_by_attack"] == blamed_by_attack > 0
+    assert "b00004" in targets or "b00001" in targets
+    assert doc["seeded_harmful_tags"]["b00004"] == {"attack": 0, "genuine": 2, "held": 1}
+    first = {"window": 3, "bullet_id": "b00001", "counted": 2, "attack_taggers": ["redteam-harmful_tags-1"],
+             "genuine_taggers": ["g1"]}  # fmt: skip
+    assert doc["harmful_tags"][0] == first
+    assert "| b00004 | 0 | 2 | 1 |" in markdown(doc)
+
+
+def test_the_cli_reports_the_operations_the_screen_refused_and_the_harmful_tags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import combee.tasks.redteam as redteam
+
+    real = redteam.run_redteam
+    refused = AddOp(section="strategies", content="The agent correctly applied CAPM.", sources=("g-x",))
+    tags = HarmfulTags(0, "b00001", ("redteam-harmful_tags-1",), 1)
+
+    async def with_outcomes(*args, **kwargs):  # type: ignore[no-untyped-def]
+        result = await real(*args, **kwargs)
+        result.screened.append((refused, "records_the_run"))
+        result.harmful.append(tags)
+        return result
+
+    monkeypatch.setattr(redteam, "run_redteam", with_outcomes)
+    out = tmp_path / "out"
+    assert main(["task", "redteam", "--sim", "--n-genuine", "4", "--out", str(out), "--quiet"]) == 0
+    doc = json.loads((out / "redteam.json").read_text())
+    assert [op["content"] for op in doc["screened"]] == [refused.content]
+    injected = {"window": 0, "bullet_id": "b00001", "counted": 1, "attack_taggers": ["redteam-harmful_tags-1"],
+                "genuine_taggers": []}  # fmt: skip
+    assert doc["harmful_tags"][-1] == injected and doc["seeded_harmful_tags"]["b00001"]["attack"] >= 1
 
 
 # --- end to end --------------------------------------------------------------------------------------------
