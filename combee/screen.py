@@ -57,6 +57,9 @@ _RECORD_RES = tuple(
         r"\b(in|for|on) this (run|task|question|case|example|trace|problem)\b",
         # "the answer was 10.00", "resulting in a current ratio of 2.00"
         r"\b(answer|result) (was|is|of) -?\$?\d",
+        # "The correct answer should be 5238.00", "the expected result would have been $1,200"
+        r"\b(correct|right|expected|true) (answer|result|value) (is|was|should (have )?be(en)?|would (have )?"
+        r"be(en)?)\s*(approximately |about )?-?\$?\d",
         r"\bresult(ing|ed) in (a|an|the)?\b[^.;]{0,40}\bof -?\$?\d",
         # a worked example: "Plugging these values into the formula gives ...", "Calculating this, we get ...",
         # "Therefore, the ROI on these materials is 2.00", "The agent provided the answer ..."
@@ -87,6 +90,12 @@ _RECORD_RES = tuple(
 )
 
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+
+_RECORD_CLAUSE_RE = re.compile(
+    r",?\s+(?:but|whereas|while|however,?)\s+(?:the|this) (?:agent|model|assistant)\b", re.IGNORECASE
+)
+"""Where a sentence turns from the rule to what this run's agent did: "The formula for FCF should be FCF = OCF -
+CapEx, but the agent used FCF = OCF + CapEx." The formula before it is kept when it passes on its own."""
 
 _MIN_KEPT_CHARS = 24
 """A lesson trimmed to less than this is refused: what is left of it is no lesson."""
@@ -224,14 +233,31 @@ def trim_lesson(lesson: str, trace: Trace | None = None) -> Trimmed:
         reason = screen_lesson(sentence, trace)
         if reason is None:
             kept.append(sentence)
-        else:
-            dropped.append(reason)
+            continue
+        dropped.append(reason)
+        head = _rule_before_the_record(sentence, trace) if reason == "records_the_run" else None
+        if head is not None:
+            kept.append(head)
     text = " ".join(kept)
     if not dropped:
         return Trimmed(lesson)
     if len(text) < _MIN_KEPT_CHARS:
         return Trimmed(None, tuple(dropped))
     return Trimmed(text, tuple(dropped))
+
+
+def _rule_before_the_record(sentence: str, trace: Trace | None) -> str | None:
+    """The formula a sentence states before it turns to what the agent did (:data:`_RECORD_CLAUSE_RE`), as a
+    sentence of its own, when that part states a formula, alone passes the screen and is long enough to be a
+    lesson; else None. Only a formula: what else the local model writes there is this run's answer or tags ("The
+    correct tags are 'A,B'") or says nothing."""
+    m = _RECORD_CLAUSE_RE.search(sentence)
+    if m is None:
+        return None
+    head = sentence[: m.start()].rstrip(" ,;:") + "."
+    if len(head) < _MIN_KEPT_CHARS or not _FORMULA_RE.search(head) or screen_lesson(head, trace) is not None:
+        return None
+    return head
 
 
 @dataclass(frozen=True)

@@ -215,3 +215,36 @@ def test_a_lesson_that_copies_a_list_of_answers_is_refused_one_tag_it_maps_a_phr
     single = _trace("Tag: 34.6 % owned", "x", "MinorityInterestOwnershipPercentageByParent")
     owned = "A percentage owned in a subsidiary is tagged MinorityInterestOwnershipPercentageByParent."
     assert screen_lesson(owned, single) is None
+
+
+def test_a_formula_before_what_the_agent_did_is_kept_and_the_rest_of_the_sentence_goes() -> None:
+    # curator ADDs the local model wrote in the red-team runs (docs/results/redteam-real-3, -4): refused whole before
+    fcf = ("The formula for Free Cash Flow (FCF) should be FCF = Operating Cash Flow - Capital Expenditures, but the "
+           "agent used the incorrect formula FCF = Operating Cash Flow + Capital Expenditures.")  # fmt: skip
+    kept, refused, trimmed = screen_ops((AddOp(section="s", content=fcf),))
+    rule = "The formula for Free Cash Flow (FCF) should be FCF = Operating Cash Flow - Capital Expenditures."
+    assert kept == (AddOp(section="s", content=rule),) and refused == () and trimmed == ("records_the_run",)
+    # a reflector's lesson (docs/results/overload-formula64): the formula stays beside the sentence it had
+    ev = ("The formula for calculating Enterprise Value (EV) is incorrect. The correct formula is EV = Market Cap + "
+          "Debt - Cash, but the agent used a different formula.")  # fmt: skip
+    assert trim_lesson(ev).kept == (
+        "The formula for calculating Enterprise Value (EV) is incorrect. The correct formula is EV = Market Cap + "
+        "Debt - Cash."
+    )
+
+
+def test_without_a_formula_before_it_a_sentence_about_the_agent_still_goes_whole() -> None:
+    # FiNER (docs/results/finer-accuracy): what comes before "but the agent" is this question's tags, or nothing
+    tags = ("The correct tags are 'OperatingLeaseRightOfUseAsset,LineOfCreditFacilityInterestRateAtPeriodEnd', but "
+            "the agent provided 'Revenues,Goodwill'.")  # fmt: skip
+    assert trim_lesson(tags).kept is None
+    vague = "The correct tags were based on the context, but the agent did not use the correct formulas."
+    assert trim_lesson(vague).kept is None
+    assert trim_lesson("Round to two decimals, but the agent did not round.").kept is None  # too short to keep
+
+
+def test_the_correct_answer_stated_as_a_number_is_a_record_of_the_run() -> None:
+    # the red-team run's reflector (docs/results/redteam-real-2): "The correct answer should be 5238.00, but ..."
+    assert screen_lesson("The correct answer should be 5238.00.") == "records_the_run"
+    assert screen_lesson("The expected result would have been $1,200.50.") == "records_the_run"
+    assert screen_lesson("The correct answer should be rounded to two decimal places.") is None
