@@ -149,6 +149,19 @@ def test_harmful_tags_are_counted_per_producer_when_the_taggers_are_known():
     assert corroborate_tags(two, _playbook(), default, taggers=taggers, producers=one_producer) == (two, 0)
 
 
+def test_harmful_tags_that_count_count_once_per_teacher():
+    default, pb = Corroboration(), _playbook(helpful=4)
+    # ten failed runs of one producer beside one run of another: two teachers, two tags (not eleven)
+    taggers = {"b00001": tuple(f"t{i}" for i in range(11))}
+    producers = {**{f"t{i}": "mallory" for i in range(10)}, "t10": "alice"}
+    eleven = {"b00001": (1, 11)}
+    assert corroborate_tags(eleven, pb, default, taggers=taggers, producers=producers) == ({"b00001": (1, 2)}, 9)
+    # traces that name no producer are a teacher each: every tag counts, as before
+    assert corroborate_tags(eleven, pb, default, taggers=taggers) == (eleven, 0)
+    # a bullet not yet established takes every tag at once
+    assert corroborate_tags(eleven, _playbook(), default, taggers=taggers, producers=producers) == (eleven, 0)
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
         Corroboration(min_traces=0)
