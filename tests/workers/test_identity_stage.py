@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Awaitable, Callable
 
 from pydantic import SecretStr
 
@@ -156,10 +157,12 @@ def tagging_echo(request: ChatRequest) -> str:
     return citing_echo(request)
 
 
-async def test_harmful_tags_from_two_traces_of_one_verified_producer_count_as_one_teacher() -> None:
+def two_producers(llm: ScriptedLLM) -> tuple[StageContext, MemoryKafka, Callable[..., Awaitable[None]]]:
+    """A learner on ``llm`` where agent-1 and agent-2 both hold keys for namespace alpha, its Kafka, and
+    ``window(*traces)``: send the traces and run the stages until quiet."""
     kafka, stream = MemoryKafka(), Stream()
     ctx = identity_learner(kafka)
-    ctx.llm = ScriptedLLM(tagging_echo)
+    ctx.llm = llm
     keys = dict(ctx.config.identity.keys)
     keys["agent-2"] = ProducerKey("agent-2", SecretStr(STRANGER_KEY), frozenset({"alpha"}))
     ctx.config = dataclasses.replace(ctx.config, identity=IdentityPolicy(keys, frozenset()))
@@ -167,6 +170,12 @@ async def test_harmful_tags_from_two_traces_of_one_verified_producer_count_as_on
     async def window(*traces: Trace) -> None:
         await send(ctx, kafka, stream, list(traces))
         await run_until_quiet(ctx, kafka, stream, set())
+
+    return ctx, kafka, window
+
+
+async def test_harmful_tags_from_two_traces_of_one_verified_producer_count_as_one_teacher() -> None:
+    ctx, kafka, window = two_producers(ScriptedLLM(tagging_echo))
 
     def target() -> tuple[int, int]:
         (b,) = ctx.snapshots.get("alpha").playbook.bullets  # type: ignore[union-attr]
@@ -208,16 +217,7 @@ def twisting_echo(request: ChatRequest) -> str:
 
 
 async def test_a_genuine_trace_cited_beside_an_attackers_twist_does_not_teach_it() -> None:
-    kafka, stream = MemoryKafka(), Stream()
-    ctx = identity_learner(kafka)
-    ctx.llm = ScriptedLLM(twisting_echo)
-    keys = dict(ctx.config.identity.keys)
-    keys["agent-2"] = ProducerKey("agent-2", SecretStr(STRANGER_KEY), frozenset({"alpha"}))
-    ctx.config = dataclasses.replace(ctx.config, identity=IdentityPolicy(keys, frozenset()))
-
-    async def window(*traces: Trace) -> None:
-        await send(ctx, kafka, stream, list(traces))
-        await run_until_quiet(ctx, kafka, stream, set())
+    ctx, _, window = two_producers(ScriptedLLM(twisting_echo))
 
     def bullet() -> str:
         (b,) = ctx.snapshots.get("alpha").playbook.bullets  # type: ignore[union-attr]
