@@ -65,6 +65,8 @@ class Meter:
     skipped_groups: int = 0
     merge_fallbacks: int = 0
     unknown_proposal_ids: int = 0
+    # merge answers' combine entries dropped because the same answer kept every proposal they combine
+    redundant_combines: int = 0
     folded_proposals: int = 0  # near-duplicate ADD proposals collapsed before merge calls
     folded_ops: int = 0  # ADDs of final deltas folded into existing bullets or into one another
     folded_copies: int = 0  # ADDs folded as copies of one lesson made by the augmented shuffle (dedup.fold_copies)
@@ -107,6 +109,7 @@ class Meter:
         self.skipped_groups += other.skipped_groups
         self.merge_fallbacks += other.merge_fallbacks
         self.unknown_proposal_ids += other.unknown_proposal_ids
+        self.redundant_combines += other.redundant_combines
         self.folded_proposals += other.folded_proposals
         self.folded_ops += other.folded_ops
         self.folded_copies += other.folded_copies

@@ -225,8 +225,9 @@ async def merge(
     if outcome.value is None:
         meter.merge_fallbacks += 1
         return CallOutcome(unite_ops(partials), outcome.service_s, outcome.attempts)
-    ops, unknown = resolve_merge(proposals, outcome.value)
+    ops, unknown, redundant = resolve_merge(proposals, outcome.value)
     meter.unknown_proposal_ids += unknown
+    meter.redundant_combines += redundant
     return CallOutcome(ops, outcome.service_s, outcome.attempts)
 
 

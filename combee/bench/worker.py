@@ -242,6 +242,7 @@ async def _train(
         "held": dict(sorted(meter.held.items())),  # what corroboration held back, by reason
         "pending_at_end": len(result.pending),
         "merge_fallbacks": meter.merge_fallbacks,
+        "redundant_combines": meter.redundant_combines,
         "unknown_proposal_ids": meter.unknown_proposal_ids,
         "simulated": bool(meter.simulated and not meter.real),
         "client_cpu_s": cpu_s,

@@ -86,6 +86,7 @@ def metrics_document(result: Any, *, method: str, settings: Settings, extra: dic
         "skipped_traces": meter.skipped_traces,
         "skipped_groups": meter.skipped_groups,
         "merge_fallbacks": meter.merge_fallbacks,
+        "redundant_combines": meter.redundant_combines,
         "dedup": meter.dedup_counts(),
         "endpoint": endpoint_url(settings.openai_base_url),
         "models": {r.value: m for r, m in settings.models().items()},

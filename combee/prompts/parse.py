@@ -324,15 +324,21 @@ def parse_merge(
     return read_merge(text, proposal_ids=proposal_ids, bullet_ids=bullet_ids, sections=sections).value
 
 
-def resolve_merge(proposals: Sequence[Proposal], answer: MergeAnswer) -> tuple[tuple[DeltaOp, ...], int]:
-    """The merged operations, in the order of each one's first proposal; and the count of unknown ids.
+def resolve_merge(proposals: Sequence[Proposal], answer: MergeAnswer) -> tuple[tuple[DeltaOp, ...], int, int]:
+    """The merged operations, in the order of each one's first proposal; the count of unknown ids; and the count
+    of combine entries dropped because the answer also kept every proposal they combine.
 
-    A proposal named in a ``combine`` entry is replaced by the combined operation (even if also kept);
-    a combined operation is placed where the first of its known proposals stood and cites the traces of
-    every proposal it combines.
+    A kept proposal stays, even when a ``combine`` entry names it too (keeping by id loses nothing, and the
+    prompt asks not to restate a kept proposal); a combined operation replaces the proposals it names that were
+    not kept, is placed where the first of its known proposals stood, and cites the traces of every proposal it
+    combines. A combine entry whose every known proposal was kept is dropped: the local model answered "keep
+    all 35" and "combine all 35 into one" in one answer, and the combined text was a vague line in place of 35
+    lessons (docs/results/overload-formula64-final).
     """
     position = {p.id: i for i, p in enumerate(proposals)}
-    unknown = 0
+    kept = {pid for pid in answer.keep if pid in position}
+    unknown = sum(1 for pid in answer.keep if pid not in position)
+    redundant = 0
     placed: list[tuple[int, int, DeltaOp]] = []
     consumed: set[str] = set()
     for j, (sources, op) in enumerate(answer.combine):
@@ -340,18 +346,19 @@ def resolve_merge(proposals: Sequence[Proposal], answer: MergeAnswer) -> tuple[t
         unknown += len(sources) - len(known)
         if not known:
             continue
-        consumed.update(s for s in sources if s in position)
+        if all(s in kept for s in sources if s in position):
+            redundant += 1
+            continue
+        consumed.update(s for s in sources if s in position and s not in kept)
         cited = [proposals[i].op.sources for i in sorted(known)]
         placed.append((min(known), 1 + j, with_sources(op.model_copy(update={"sources": ()}), *cited)))
     seen: set[str] = set()
     for pid in answer.keep:
-        if pid not in position:
-            unknown += 1
-        elif pid not in consumed and pid not in seen:
+        if pid in position and pid not in consumed and pid not in seen:
             seen.add(pid)
             placed.append((position[pid], 0, proposals[position[pid]].op))
     placed.sort(key=lambda t: (t[0], t[1]))
-    return tuple(op for _, _, op in placed), unknown
+    return tuple(op for _, _, op in placed), unknown, redundant
 
 
 def parse_answer(text: str) -> str:

@@ -35,6 +35,7 @@ def _variant_row(v: Any) -> dict[str, Any]:
         "parse_failures": {role: s.parse_failures for role, s in sorted(meter.roles.items())},
         "skipped_groups": meter.skipped_groups,
         "merge_fallbacks": meter.merge_fallbacks,
+        "redundant_combines": meter.redundant_combines,
         "refused_ops": refusals(meter),
         "held": dict(sorted(meter.held.items())),  # what corroboration held back (pending until k teachers)
         "copies_folded": meter.folded_copies,

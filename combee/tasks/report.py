@@ -107,6 +107,7 @@ def document(
                 "skipped_traces": meter.skipped_traces,
                 "skipped_groups": meter.skipped_groups,
                 "merge_fallbacks": meter.merge_fallbacks,
+                "redundant_combines": meter.redundant_combines,
                 "dedup": meter.dedup_counts(),
             }
         methods.append(row)

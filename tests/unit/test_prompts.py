@@ -231,9 +231,20 @@ def test_merge_resolution_order_and_unknown_ids():
     proposals = [Proposal(f"p{i}", AddOp(section="s", content=f"c{i}")) for i in range(1, 6)]
     combined = AddOp(section="s", content="c2+c4")
     answer = MergeAnswer(keep=("p5", "p1", "p2", "p9", "p1"), combine=((("p4", "p2", "p77"), combined),))
-    ops, unknown = resolve_merge(proposals, answer)
-    assert ops == (proposals[0].op, combined, proposals[4].op)  # p2 is consumed by the combination
-    assert unknown == 2
+    ops, unknown, redundant = resolve_merge(proposals, answer)
+    # p2 is kept, so it stays; the combination replaces p4, which was not kept, and stands where p2 stood
+    assert ops == (proposals[0].op, proposals[1].op, combined, proposals[4].op)
+    assert (unknown, redundant) == (2, 0)
+
+
+def test_a_combination_of_proposals_the_same_answer_kept_is_dropped():
+    # the local model's answer (docs/results/overload-formula64-final, the paper's reduce): keep every proposal
+    # and combine every one of them into one vague line
+    proposals = [Proposal(f"p{i}", AddOp(section="s", content=f"Lesson {i}.")) for i in range(1, 36)]
+    vague = AddOp(section="strategies", content="The agent should always double-check the calculations.")
+    ids = tuple(p.id for p in proposals)
+    ops, unknown, redundant = resolve_merge(proposals, MergeAnswer(keep=ids, combine=((ids, vague),)))
+    assert ops == tuple(p.op for p in proposals) and (unknown, redundant) == (0, 1)
 
 
 def test_parse_merge_rejects_bad_shapes():

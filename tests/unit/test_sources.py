@@ -39,7 +39,7 @@ def test_a_combined_merge_operation_cites_the_traces_of_every_proposal_it_combin
                  Proposal("p2", AddOp(section="s", content="A too.", sources=("t2", "t1"))),
                  Proposal("p3", AddOp(section="s", content="B.", sources=("t3",)))]  # fmt: skip
     answer = MergeAnswer(keep=("p3",), combine=((("p1", "p2"), AddOp(section="s", content="A, combined.")),))
-    ops, unknown = resolve_merge(proposals, answer)
+    ops, unknown, _ = resolve_merge(proposals, answer)
     assert unknown == 0
     assert [(op.content, op.sources) for op in ops] == [("A, combined.", ("t1", "t2")), ("B.", ("t3",))]
 
