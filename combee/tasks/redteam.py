@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from combee.corroborate import PendingLesson
 from combee.embeddings import NearDuplicates
-from combee.engine import MethodConfig, Window, run_window
+from combee.engine import MethodConfig, Window, producers_of, run_window
 from combee.meter import Meter
 from combee.models import DeltaOp, Playbook, Trace
 from combee.tasks.redteam_cases import Case, seeded_playbook
@@ -114,23 +114,31 @@ class RedTeamConfig:
 
 @dataclass(frozen=True)
 class HarmfulTags:
-    """One window's harmful tags on one bullet: the traces whose reflections gave them, and how many of the tags
-    counted (0 when the harmful-tag rule held them back; else one per tagger)."""
+    """One window's harmful tags on one bullet: the traces whose reflections gave them, each one's teacher (its
+    producer when it names one, else itself), and how many of the tags counted (0 when the harmful-tag rule held
+    them back; one per teacher on an established bullet, one per tagger on a new one)."""
 
     window: int  # 0-based, in learning order
     bullet_id: str
     taggers: tuple[str, ...]
     counted: int
+    teachers: tuple[str, ...] = ()  # per tagger, in order; empty: each tagger its own teacher
 
 
 def harmful_tags_of(
-    window: int, taggers: Mapping[str, Sequence[str]], counts: Mapping[str, tuple[int, int]]
+    window: int,
+    taggers: Mapping[str, Sequence[str]],
+    counts: Mapping[str, tuple[int, int]],
+    producers: Mapping[str, str] | None = None,
 ) -> list[HarmfulTags]:
     """A window's :class:`HarmfulTags`, per bullet some reflection tagged harmful, in bullet order: ``taggers``
-    (:attr:`combee.engine.WindowResult.harmful_taggers`) and the window's tag counts as applied
-    (``delta.tag_counts``)."""
+    (:attr:`combee.engine.WindowResult.harmful_taggers`), the window's tag counts as applied
+    (``delta.tag_counts``) and its traces' producers (:func:`combee.engine.producers_of`)."""
+    named = producers or {}
     return [
-        HarmfulTags(window, bullet_id, tuple(traces), counts.get(bullet_id, (0, 0))[1])
+        HarmfulTags(
+            window, bullet_id, tuple(traces), counts.get(bullet_id, (0, 0))[1], tuple(named.get(t, t) for t in traces)
+        )
         for bullet_id, traces in sorted(taggers.items())
     ]
 
@@ -185,7 +193,8 @@ async def run_redteam(
             playbook, pending = result.playbook, result.pending
             quarantined.extend(result.quarantined)
             screened.extend(result.screened)
-            harmful.extend(harmful_tags_of(i, result.harmful_taggers, result.delta.tag_counts))
+            tagged = harmful_tags_of(i, result.harmful_taggers, result.delta.tag_counts, producers_of(window.traces))
+            harmful.extend(tagged)
             meter.absorb(result.meter)
             bar.update(i + 1, len(spans), f"{len(playbook.bullets)} bullets, {len(quarantined)} quarantined")
     stats.wall_s = clock() - t0

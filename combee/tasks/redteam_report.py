@@ -124,17 +124,25 @@ def genuine_lost(quarantined: Iterable[tuple[DeltaOp, str]], genuine_ids: Iterab
 
 def harmful_by_source(harmful: Iterable[HarmfulTags], attack_ids: Iterable[str]) -> dict[str, dict[str, int]]:
     """Per bullet (in id order), the harmful tags that counted, split by who gave them (``attack``: an attack
-    trace, ``genuine``: any other), and the tags the harmful-tag rule ``held`` back, summed over the windows."""
+    trace, ``genuine``: any other), and the tags that did not count (``held``: held back by the harmful-tag rule,
+    or the surplus of a teacher that tagged more than once), summed over the windows. Where the window counted
+    one tag per teacher (fewer tags counted than given), a side's count is its distinct teachers."""
     hostile = set(attack_ids)
     out: dict[str, dict[str, int]] = {}
     for h in harmful:
         row = out.setdefault(h.bullet_id, {"attack": 0, "genuine": 0, "held": 0})
-        if h.counted:
-            attack = sum(1 for t in h.taggers if t in hostile)
-            row["attack"] += attack
-            row["genuine"] += len(h.taggers) - attack
-        else:
+        if not h.counted:
             row["held"] += len(h.taggers)
+            continue
+        teachers = h.teachers or h.taggers
+        per_teacher = h.counted < len(h.taggers)
+        sides: dict[str, list[str]] = {"attack": [], "genuine": []}
+        for trace, teacher in zip(h.taggers, teachers, strict=True):
+            sides["attack" if trace in hostile else "genuine"].append(teacher)
+        for side, members in sides.items():
+            n = len(set(members)) if per_teacher else len(members)
+            row[side] += n
+        row["held"] += len(h.taggers) - h.counted
     return dict(sorted(out.items()))
 
 

@@ -223,8 +223,8 @@ def test_harmful_tags_are_told_apart_by_who_gave_them_and_whether_they_counted()
     taggers = {"b00001": ("g1", "redteam-harmful_tags-1"), "b00004": ("redteam-harmful_tags-2",)}
     counts = {"b00001": (0, 2), "b00004": (0, 0)}  # the rule let b00001's tags count and held b00004's
     window = harmful_tags_of(3, taggers, counts)
-    assert window == [HarmfulTags(3, "b00001", ("g1", "redteam-harmful_tags-1"), 2),
-                      HarmfulTags(3, "b00004", ("redteam-harmful_tags-2",), 0)]  # fmt: skip
+    both, one = ("g1", "redteam-harmful_tags-1"), ("redteam-harmful_tags-2",)
+    assert window == [HarmfulTags(3, "b00001", both, 2, both), HarmfulTags(3, "b00004", one, 0, one)]
     later = [HarmfulTags(4, "b00004", ("g2", "g3"), 2)]  # genuine agents blame it in another window
     attacks = {c.name for c in CASES}
     assert harmful_by_source([*window, *later], attacks) == {
@@ -243,6 +243,12 @@ def test_harmful_tags_are_told_apart_by_who_gave_them_and_whether_they_counted()
              "genuine_taggers": ["g1"]}  # fmt: skip
     assert doc["harmful_tags"][0] == first
     assert "| b00004 | 0 | 2 | 1 |" in markdown(doc)
+
+    # signed: three attack traces of one producer beside one genuine agent count one tag each (per teacher)
+    hostile = tuple(f"redteam-harmful_tags-{i}" for i in (1, 2, 3))
+    named = {"g1": "agent-1", **dict.fromkeys(hostile, ATTACKER)}
+    signed = harmful_tags_of(0, {"b00001": ("g1", *hostile)}, {"b00001": (0, 2)}, named)
+    assert harmful_by_source(signed, attacks) == {"b00001": {"attack": 1, "genuine": 1, "held": 2}}
 
 
 def test_the_cli_reports_the_operations_the_screen_refused_and_the_harmful_tags(
