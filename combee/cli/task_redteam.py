@@ -87,6 +87,7 @@ async def _run(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "order": [t.trace_id for t in result.traces],
         "pending_at_end": result.pending,
         "guard_quarantined": dict(result.meter.quarantined),
+        "held": dict(result.meter.held),  # what corroboration held back, by reason (combee.corroborate.HELD_REASONS)
         "dedup": f"{dedup.embedder.name} at cosine {dedup.threshold}" if dedup else None,
         "phase": stats.as_dict(),
         "machine": {"cores": os.cpu_count(), "loadavg_end": os.getloadavg()},
