@@ -359,7 +359,7 @@ def corroborate(
             continue
         key = _match(op, pool, similarity)
         where = (window_id, at, playbook.namespace)
-        stated = stated_by(op, playbook, lessons)
+        stated = stated_by(op, playbook, lessons) if policy.min_traces > 1 else None  # k = 1: every cited trace
         entry = _support(pool.get(key) if key else None, op, producers, verified, where, graded, stated)
         if len(entry.teachers) >= policy.min_traces:
             live.append(_live(entry, op))

@@ -6,7 +6,7 @@ import asyncio
 from combee.corroborate import Corroboration, added_words, corroborate, stated_by
 from combee.engine import MethodConfig, finish_ops
 from combee.meter import Meter
-from combee.models import Bullet, Playbook, Provenance, UpdateOp
+from combee.models import AddOp, Bullet, Playbook, Provenance, UpdateOp
 from combee.wording import content_words
 
 MADE = Provenance(window_id="redteam/seed", version=1)
@@ -77,6 +77,12 @@ def test_a_cited_trace_with_no_lessons_states_nothing_and_the_defaults_judge_not
     assert out.ops == () and out.pending[0].teachers == ()
     default = corroborate((op,), (), _playbook(), Corroboration(), window_id="w", at=0.0, lessons={})
     assert default.ops == (op,)  # k = 1 (the default): corroboration is off
+    # k = 1 with lessons still pending (a namespace that lowered k): the rule does not act either
+    other = AddOp(section="strategies", content="Discount each cash flow by its own period.", sources=("t9",))
+    pending = corroborate((other,), (), _playbook(), HARDENED, window_id="w0", at=0.0).pending
+    assert len(pending) == 1
+    lowered = corroborate((op,), pending, _playbook(), Corroboration(), window_id="w", at=1.0, lessons={})
+    assert lowered.ops == (op,)
 
 
 def test_the_attack_stays_pending_until_a_teacher_states_it():
