@@ -9,7 +9,10 @@ text (:func:`guard_ops`), whatever the reduce that proposed it:
 * **Structure, normalised** (:func:`one_line_lesson`): a bullet is one line of the rendered prompt. Line
   breaks of every kind become spaces, invisible and bidirectional format characters (Unicode category Cf:
   zero-width spaces and joiners, the word joiner, BOM, LRE/RLO/PDF, isolates, marks, soft hyphen) are dropped,
-  runs of spaces collapse. C0/C1 control characters are already gone (:mod:`combee.models`).
+  runs of spaces collapse. C0/C1 control characters are already gone (:mod:`combee.models`). A citation of
+  bullet ids that opens the text (``[b00016] The formula ...``: the local model writes the id of the bullet it
+  updates into the new text) is taken off first (:func:`without_leading_ids`), and so are quotes around all
+  of what is left; the rules below then judge the rest.
 * **Policy, quarantined** (:func:`guard_reason`): a lesson that forges prompt structure or carries something
   no lesson should is held back with its reason (one of :data:`REASONS`, a bounded set: it labels a metric):
 
@@ -47,6 +50,7 @@ __all__ = [
     "guard_reason",
     "luhn_valid",
     "one_line_lesson",
+    "without_leading_ids",
 ]
 
 REASONS = ("markup", "url", "email", "credential", "card_number", "agent_control", "answer_tampering")
@@ -69,6 +73,28 @@ def one_line_lesson(text: str) -> str:
     spaces collapsed, trimmed. Idempotent; a text that is already so is returned unchanged."""
     flat = _SPACES_RE.sub(" ", _BREAKS_RE.sub(" ", _visible(text))).strip()
     return text if flat == text else flat
+
+
+# One or more bullet ids at the very start, each perhaps followed by ":" or a dash, then the lesson.
+_LEADING_IDS_RE = re.compile(r"^\s*(?:\[b\d{5,9}\]\s*(?:[:\u2013\u2014-]\s*)?)+")
+_QUOTED_RE = re.compile(r"^(['\"\u2018\u201c])(.+)(['\"\u2019\u201d])$", re.DOTALL)
+_QUOTE_PAIRS = {"'": "'", '"': '"', "\u2018": "\u2019", "\u201c": "\u201d"}
+
+
+def without_leading_ids(text: str) -> str:
+    """``text`` without the bullet ids that open it, and without the quotes around all of the rest (when ids were
+    taken off). A text that does not open with an id is returned unchanged: an id anywhere else is still
+    ``markup``, and so is a text that is nothing but ids (nothing of it is a lesson)."""
+    m = _LEADING_IDS_RE.match(text)
+    if m is None:
+        return text
+    rest = text[m.end() :].strip()
+    if not rest:
+        return text
+    quoted = _QUOTED_RE.match(rest)
+    if quoted and _QUOTE_PAIRS[quoted.group(1)] == quoted.group(3) and quoted.group(1) not in quoted.group(2):
+        rest = quoted.group(2).strip()
+    return rest or text
 
 
 # --- markup --------------------------------------------------------------------------------------------------
@@ -205,8 +231,9 @@ class Guarded:
 
 
 def guard_ops(ops: Iterable[DeltaOp]) -> Guarded:
-    """Every ADD and UPDATE of ``ops`` judged by :func:`guard_reason` (an ADD's section too: it is rendered as a
-    heading) and put on one line (:func:`one_line_lesson`); REMOVE passes as it is. Deterministic; order kept."""
+    """Every ADD and UPDATE of ``ops`` without its opening bullet ids (:func:`without_leading_ids`), judged by
+    :func:`guard_reason` (an ADD's section too: it is rendered as a heading) and put on one line
+    (:func:`one_line_lesson`); REMOVE passes as it is. Deterministic; order kept."""
     kept: list[DeltaOp] = []
     held: list[tuple[DeltaOp, str]] = []
     normalised = 0
@@ -214,10 +241,11 @@ def guard_ops(ops: Iterable[DeltaOp]) -> Guarded:
         if not isinstance(op, AddOp | UpdateOp):
             kept.append(op)
             continue
-        reason = guard_reason(op.content)
+        text = without_leading_ids(op.content)
+        reason = guard_reason(text)
         if reason is None and isinstance(op, AddOp):  # its section becomes a heading of the prompt
             reason = guard_reason(op.section.replace("_", " "))
-        flat = one_line_lesson(op.content)
+        flat = one_line_lesson(text)
         if flat != op.content:
             normalised += 1
             if not flat:  # nothing visible: no lesson to apply or to hold
