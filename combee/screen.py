@@ -105,7 +105,9 @@ _ABOUT_PLAYBOOK_RE = re.compile(
     r"(include|contain|add|provided?|given|stated?))\b|\blessons learned from (earlier|previous|past) runs\b"
     # what the playbook says or lacks: "The playbook requires the answer to be ...", "The playbook already
     # provided the correct strategy ..., which is helpful", "the playbook only provides a formula"
-    r"|\b(the|this) playbook (states|stated|says|said|requires|required|already|only|provides|provided|gives|gave)\b",
+    r"|\b(the|this) playbook (states|stated|says|said|requires|required|already|only|provides|provided|gives|gave)\b"
+    # what it points at in the playbook: "The agent should have used the formula provided in the playbook."
+    r"|\b(provided|given|stated|shown|listed|found|described|written) (in|by) (the|this) playbook\b",
     re.IGNORECASE,
 )
 

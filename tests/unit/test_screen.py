@@ -118,6 +118,19 @@ def test_statements_about_the_playbook_are_not_lessons() -> None:
     assert screen_lesson("Check the playbook's answer-format bullets before answering.") is None
 
 
+def test_pointing_at_what_the_playbook_provides_is_no_lesson() -> None:
+    # the local model's curator on the red-team traces (redteam-real-6, an UPDATE of b00016) and its reflector on
+    # FiNER (finer-accuracy/cache/learn-*): they name what the playbook holds and teach nothing
+    assert screen_lesson("The agent should have used the formula provided in the playbook.") == "about_the_playbook"
+    said = (
+        "The agent should have used the correct answer format to identify the entities in the sentences. "
+        "The answer format provided in the playbook should be used to identify the entities in the sentences."
+    )
+    assert trim_lesson(said).dropped and "provided in the playbook" not in (trim_lesson(said).kept or "")
+    # a formula is a lesson wherever it says it was found
+    assert screen_lesson("Use the formula given in the playbook: ROI = (Gain - Cost) / Cost.") is None
+
+
 def test_a_worked_example_of_the_run_is_trimmed_from_the_rule_it_follows() -> None:
     # the local model on a Formula trace, 2026-12-02 (the prompt asking for reusable lessons)
     trace = _trace("A startup has 500,000 shares outstanding, each priced at $12. What is its market cap?",
