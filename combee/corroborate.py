@@ -401,11 +401,12 @@ def corroborate_tags(
 
     ``taggers`` (:func:`combee.playbook.harmful_taggers`: per bullet, the traces whose reflections tagged it
     harmful) counts the teachers as :func:`teachers` does, each trace as its producer when ``producers`` names
-    one: two traces of one producer are one teacher. When the tags on an established bullet count, they count
-    once per teacher too (a producer that sent ten failed runs beside one other producer's adds one tag, not
-    ten: the red-team suite saw an attacker's tags outnumber the genuine agents' they rode in with,
-    docs/results/redteam-real-4). A bullet missing from ``taggers`` (or no ``taggers``: a plan written before
-    they were carried) counts one teacher per tag, as every reflection is one trace's."""
+    one: two traces of one producer are one teacher. Tags that count count once per teacher, on an established
+    bullet and on a new one alike (a producer that sent ten failed runs beside one other producer's adds one
+    tag, not ten: the red-team suite saw an attacker's tags outnumber the genuine agents' they rode in with,
+    docs/results/redteam-real-4); a new bullet needs no quorum. A bullet missing from ``taggers`` (or no
+    ``taggers``: a plan written before they were carried) counts one teacher per tag, as every reflection is one
+    trace's."""
     needed = max(policy.min_traces, policy.harmful_tags)
     if needed <= 1:
         return dict(tag_counts), 0
@@ -414,8 +415,11 @@ def corroborate_tags(
     for bullet_id, (helpful, harmful) in tag_counts.items():
         traces = (taggers or {}).get(bullet_id)
         count = harmful if traces is None else len(teachers(traces, producers or {}))
-        if harmful > 0 and established(playbook, bullet_id, policy):
-            kept = 0 if count < needed else min(count, harmful)
+        if harmful > 0:
+            # an established bullet needs `needed` teachers; a new one takes the tags at once, once per teacher
+            kept = min(count, harmful)
+            if kept < needed and established(playbook, bullet_id, policy):
+                kept = 0
             dropped += harmful - kept
             harmful = kept
         out[bullet_id] = (helpful, harmful)

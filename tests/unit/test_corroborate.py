@@ -145,8 +145,12 @@ def test_harmful_tags_are_counted_per_producer_when_the_taggers_are_known():
     assert corroborate_tags(two, pb, default, taggers=taggers) == (two, 0)
     # a bullet the taggers do not list counts one teacher per tag (a plan written before they were carried)
     assert corroborate_tags(two, pb, default, taggers={}, producers=one_producer) == (two, 0)
-    # a bullet not yet established takes the tags at once, whoever gave them
-    assert corroborate_tags(two, _playbook(), default, taggers=taggers, producers=one_producer) == (two, 0)
+    # a bullet not yet established takes the tags at once, one per teacher
+    assert corroborate_tags(two, _playbook(), default, taggers=taggers, producers=one_producer) == (
+        {"b00001": (0, 1)},
+        1,
+    )
+    assert corroborate_tags(two, _playbook(), default, taggers=taggers, producers=two_producers) == (two, 0)
 
 
 def test_harmful_tags_that_count_count_once_per_teacher():
@@ -158,8 +162,12 @@ def test_harmful_tags_that_count_count_once_per_teacher():
     assert corroborate_tags(eleven, pb, default, taggers=taggers, producers=producers) == ({"b00001": (1, 2)}, 9)
     # traces that name no producer are a teacher each: every tag counts, as before
     assert corroborate_tags(eleven, pb, default, taggers=taggers) == (eleven, 0)
-    # a bullet not yet established takes every tag at once
-    assert corroborate_tags(eleven, _playbook(), default, taggers=taggers, producers=producers) == (eleven, 0)
+    # a bullet not yet established takes the tags at once, once per teacher as well
+    assert corroborate_tags(eleven, _playbook(), default, taggers=taggers, producers=producers) == (
+        {"b00001": (1, 2)},
+        9,
+    )
+    assert corroborate_tags(eleven, _playbook(), default, taggers=taggers) == (eleven, 0)
 
 
 def test_bad_settings_are_refused():
