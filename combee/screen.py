@@ -60,6 +60,9 @@ _RECORD_RES = tuple(
         # "The correct answer should be 5238.00", "the expected result would have been $1,200"
         r"\b(correct|right|expected|true) (answer|result|value) (is|was|should (have )?be(en)?|would (have )?"
         r"be(en)?)\s*(approximately |about )?-?\$?\d",
+        # "The correct answer should be the price of the bond, which is $20,000."
+        r"\b(correct|right|expected|true) (answer|result) (is|was|should (have )?be(en)?|would (have )?be(en)?)\b"
+        r"[^.;]{0,60}?,? (which|that) (is|was|comes to|equals)\s*(approximately |about )?-?\$?\d",
         r"\bresult(ing|ed) in (a|an|the)?\b[^.;]{0,40}\bof -?\$?\d",
         # a worked example: "Plugging these values into the formula gives ...", "Calculating this, we get ...",
         # "Therefore, the ROI on these materials is 2.00", "The agent provided the answer ..."

@@ -261,3 +261,14 @@ def test_the_correct_answer_stated_as_a_number_is_a_record_of_the_run() -> None:
     assert screen_lesson("The correct answer should be 5238.00.") == "records_the_run"
     assert screen_lesson("The expected result would have been $1,200.50.") == "records_the_run"
     assert screen_lesson("The correct answer should be rounded to two decimal places.") is None
+
+
+def test_the_correct_answer_named_then_given_as_a_number_is_a_record_of_the_run() -> None:
+    # the local model's reflector on the red-team traces at a958a37 (three lessons ended so): the rule before it stays
+    said = ("The correct formula for FCF is FCF = Operating Cash Flow - Capital Expenditures. "
+            "The correct answer should be the price of the bond, which is $20,000.")  # fmt: skip
+    assert screen_lesson(said) == "records_the_run"
+    assert trim_lesson(said).kept == "The correct formula for FCF is FCF = Operating Cash Flow - Capital Expenditures."
+    # a rule that names a value and gives it is not a record
+    assert screen_lesson("The correct value of r should be a decimal, which is 0.05 for 5%.") is None
+    assert screen_lesson("The correct answer should be rounded to cents, which is the convention here.") is None
