@@ -3,6 +3,12 @@ every reflector answer in response caches, for a before/after comparison of prom
 
     python -m combee.tasks.audit --cache OUT/cache/learn-combee [--cache ...] --traces OUT/traces.jsonl \\
         --out audit.json
+    python -m combee.tasks.audit --playbook OUT/playbooks/NAME.json [--playbook ...] --out audit.json
+
+The second form reads learned playbooks instead (``bullets[].content`` of the JSON that ``combee task`` and
+``combee prompt get --json`` write) and says, per playbook, what the live screen would do with each bullet: refuse
+it, trim sentences out of it, or pass it unchanged. It judges what a run published, for comparing runs with the
+screen on and off (``COMBEE_SCREEN=false``).
 
 A response cache keeps answers, not requests, so an answer is not tied to its trace here: the run-number rules
 compare a lesson with the numbers of every trace in ``--traces`` and count it when some trace shares enough of
@@ -23,7 +29,7 @@ from typing import Any
 from combee.models import Trace
 from combee.screen import REASONS, run_numbers, screen_lesson, trim_lesson
 
-__all__ = ["audit", "main"]
+__all__ = ["audit", "audit_playbook", "main"]
 
 
 def _answers(cache_dir: Path) -> list[str]:
@@ -83,13 +89,50 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
     }
 
 
+def audit_playbook(bullets: Sequence[str]) -> dict[str, Any]:
+    """What the live screen (:func:`combee.screen.trim_lesson`, the rules that need no run) does with each of
+    ``bullets``: bullets refused (nothing left), trimmed and unchanged, and the sentences it takes out by reason."""
+    verdicts: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for text in bullets:
+        trimmed = trim_lesson(text)
+        verdict = "refused" if trimmed.kept is None else "trimmed" if trimmed.dropped else "unchanged"
+        verdicts[verdict] += 1
+        dropped.update(trimmed.dropped)
+        if verdict != "unchanged":
+            examples.setdefault(verdict, text[:300])
+    return {
+        "bullets": len(bullets),
+        "screen": {k: verdicts.get(k, 0) for k in ("refused", "trimmed", "unchanged")},
+        "sentences_taken_out": {r: dropped.get(r, 0) for r in REASONS},
+        "examples": examples,
+    }
+
+
+def _playbook_bullets(path: Path) -> list[str]:
+    doc = json.loads(path.read_text())
+    return [str(b["content"]) for b in doc.get("bullets", []) if isinstance(b, dict) and b.get("content")]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m combee.tasks.audit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--cache", type=Path, action="append", required=True, help="a response cache directory")
-    p.add_argument("--traces", type=Path, required=True, help="the traces the answers reflect on (JSON lines)")
+    p.add_argument("--cache", type=Path, action="append", help="a response cache directory")
+    p.add_argument("--traces", type=Path, help="the traces the answers reflect on (JSON lines; with --cache)")
+    p.add_argument("--playbook", type=Path, action="append", help="a learned playbook (JSON) to judge instead")
     p.add_argument("--out", type=Path, required=True, help="where to write the counts (JSON)")
     args = p.parse_args(argv)
+    if bool(args.cache) == bool(args.playbook):
+        p.error("give --cache (with --traces) or --playbook, not both")
+    if args.playbook:
+        doc = {"playbooks": {str(path): audit_playbook(_playbook_bullets(path)) for path in args.playbook}}
+        args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        brief = {k: {f: v[f] for f in ("bullets", "screen")} for k, v in doc["playbooks"].items()}
+        sys.stdout.write(json.dumps(brief, indent=2) + "\n")
+        return 0
+    if args.traces is None:
+        p.error("--cache needs --traces")
     traces = [Trace.model_validate_json(line) for line in args.traces.read_text().splitlines() if line.strip()]
     answers = [a for cache in args.cache for a in _answers(cache)]
     doc = {"caches": [str(c) for c in args.cache], "traces": str(args.traces), **audit(answers, traces)}

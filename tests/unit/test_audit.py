@@ -47,3 +47,17 @@ def test_the_command_reads_a_response_cache_and_writes_its_counts(tmp_path: Path
     doc = json.loads(out.read_text())
     assert doc["reflector_answers"] == 1 and doc["lessons"] == 2 and doc["refused_total"] == 1
     assert doc["examples"] == {"records_the_run": RECORD}
+
+
+def test_a_playbook_is_judged_bullet_by_bullet(tmp_path: Path) -> None:
+    bullets = [{"id": f"b{i:05d}", "section": "s", "content": text} for i, text in
+               enumerate((RULE, RECORD, RULE_AND_EXAMPLE), start=1)]  # fmt: skip
+    path = tmp_path / "playbook.json"
+    path.write_text(json.dumps({"namespace": "ns", "version": 1, "bullets": bullets}))
+    out = tmp_path / "audit.json"
+    assert main(["--playbook", str(path), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())["playbooks"][str(path)]
+    assert doc["bullets"] == 3
+    assert doc["screen"] == {"refused": 1, "trimmed": 1, "unchanged": 1}
+    assert doc["sentences_taken_out"]["records_the_run"] == 2
+    assert doc["examples"] == {"refused": RECORD, "trimmed": RULE_AND_EXAMPLE}
