@@ -126,9 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bool(args.cache) == bool(args.playbook):
         p.error("give --cache (with --traces) or --playbook, not both")
     if args.playbook:
-        doc = {"playbooks": {str(path): audit_playbook(_playbook_bullets(path)) for path in args.playbook}}
-        args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-        brief = {k: {f: v[f] for f in ("bullets", "screen")} for k, v in doc["playbooks"].items()}
+        judged = {str(path): audit_playbook(_playbook_bullets(path)) for path in args.playbook}
+        args.out.write_text(json.dumps({"playbooks": judged}, indent=2, ensure_ascii=False) + "\n")
+        brief = {k: {f: v[f] for f in ("bullets", "screen")} for k, v in judged.items()}
         sys.stdout.write(json.dumps(brief, indent=2) + "\n")
         return 0
     if args.traces is None:
