@@ -129,14 +129,14 @@ def test_an_adds_section_is_judged_too_since_it_becomes_a_heading() -> None:
 
 
 # Texts of ADD and UPDATE operations the local model's curator wrote, read from the committed response caches
-# (overload-formula64-final: sequential; overload-formula64-more; redteam-real-5): it opens the new text with the
+# (overload-formula64-more, redteam-real-5, redteam-real-6), word for word: it opens the new text with the
 # id of the bullet it updates. Before the ids were taken off, each was quarantined as markup, and a formula
 # lesson with it.
 RECORDED_WITH_IDS = [
     ("[b00016] The formula for Simple Interest is I = P × r × t, where I is the interest, P is the principal "
-     "amount, r is the annual interest rate, and t is the time in years.",
+     "amount, r is the annual interest rate, and t is the time the money is invested for.",
      "The formula for Simple Interest is I = P × r × t, where I is the interest, P is the principal amount, r is "
-     "the annual interest rate, and t is the time in years."),
+     "the annual interest rate, and t is the time the money is invested for."),
     ("[b00009] 'The formula for EV/EBITDA = Enterprise Value / EBITDA should have been used to calculate the ratio.'",
      "The formula for EV/EBITDA = Enterprise Value / EBITDA should have been used to calculate the ratio."),
     ("[b00016] The agent should have used the formula provided in the playbook.",
