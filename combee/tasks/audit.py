@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from combee.models import Trace
-from combee.screen import REASONS, run_numbers, screen_lesson, trim_lesson
+from combee.screen import REASONS, Trimmed, run_numbers, screen_lesson, trim_lesson
 
 __all__ = ["audit", "audit_playbook", "main"]
 
@@ -50,6 +50,14 @@ def _lessons(text: str) -> list[str] | None:
     return [str(i.get("content", "")) for i in obj["insights"] if isinstance(i, dict) and i.get("content")]
 
 
+VERDICTS = ("refused", "trimmed", "unchanged")
+
+
+def _verdict(trimmed: Trimmed) -> str:
+    """What the live screen did with one lesson: refused it (nothing left), trimmed it, or passed it unchanged."""
+    return "refused" if trimmed.kept is None else "trimmed" if trimmed.dropped else "unchanged"
+
+
 def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
     """Counts over the reflector answers among ``answers``: answers, lessons, and lessons per refusal reason
     (the first rule that refuses it, against the trace that makes the rule fire, if any). ``sentence_by_sentence``
@@ -67,7 +75,7 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
         for lesson in found:
             lessons += 1
             trimmed = trim_lesson(lesson)
-            by_sentence["refused" if trimmed.kept is None else "unchanged" if not trimmed.dropped else "trimmed"] += 1
+            by_sentence[_verdict(trimmed)] += 1
             reason = screen_lesson(lesson)
             for trace in traces:
                 if reason is not None:
@@ -84,7 +92,7 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
         "refused": {r: reasons.get(r, 0) for r in REASONS},
         "refused_total": refused,
         "refused_share": round(refused / lessons, 4) if lessons else None,
-        "sentence_by_sentence": {k: by_sentence.get(k, 0) for k in ("refused", "trimmed", "unchanged")},
+        "sentence_by_sentence": {k: by_sentence.get(k, 0) for k in VERDICTS},
         "examples": examples,
     }
 
@@ -97,14 +105,14 @@ def audit_playbook(bullets: Sequence[str]) -> dict[str, Any]:
     examples: dict[str, str] = {}
     for text in bullets:
         trimmed = trim_lesson(text)
-        verdict = "refused" if trimmed.kept is None else "trimmed" if trimmed.dropped else "unchanged"
+        verdict = _verdict(trimmed)
         verdicts[verdict] += 1
         dropped.update(trimmed.dropped)
         if verdict != "unchanged":
             examples.setdefault(verdict, text[:300])
     return {
         "bullets": len(bullets),
-        "screen": {k: verdicts.get(k, 0) for k in ("refused", "trimmed", "unchanged")},
+        "screen": {k: verdicts.get(k, 0) for k in VERDICTS},
         "sentences_taken_out": {r: dropped.get(r, 0) for r in REASONS},
         "examples": examples,
     }
