@@ -177,6 +177,22 @@ def _tokens(n: int) -> str:
     return f"{n / 1000:.1f} k" if n >= 1000 else str(n)
 
 
+def _wall(stats: Mapping[str, Any]) -> str:
+    """A phase's wall time as a table cell, saying what the clock measured: the model's answers, or in part or in
+    whole the response cache's (then the figure is not a model timing)."""
+    calls, cached = stats["calls"], stats["cached_calls"]
+    if not cached:
+        return f"{stats['wall_s']:.1f}"
+    if cached == calls:
+        return "replayed"
+    return f"{stats['wall_s']:.1f} ({cached} of {calls} cached)"
+
+
+def _model_wall(stats: Mapping[str, Any]) -> float:
+    """A phase's wall time if the model answered every call of it, else 0 (the plot draws no bar)."""
+    return 0.0 if stats["cached_calls"] else float(stats["wall_s"])
+
+
 def _learn_cached(doc: Mapping[str, Any]) -> bool:
     return any(m["learn"]["cached_calls"] for m in doc["methods"] if m["method"] in ("sequential", "combee"))
 
@@ -210,18 +226,14 @@ def markdown(doc: Mapping[str, Any]) -> str:
         second = m["upstream_accuracy"] if doc["task"] == "formula" else m["all_correct"]
         delta = m.get("delta_vs_none")
         delta_text = "–" if delta is None else f"{100 * delta['mean']:+.1f} {_ci(delta['ci95'])}"
-        learn_cols = (
-            ["–", "–", "–"]
-            if learn is None
-            else [f"{learn['wall_s']:.1f}", str(learn["calls"]), _tokens(learn["tokens"])]
-        )
+        learn_cols = ["–", "–", "–"] if learn is None else [_wall(learn), str(learn["calls"]), _tokens(learn["tokens"])]
         ev = m["eval"]
         distinct = m.get("size", {}).get("distinct_lessons", "–")
         per_question = f"{ev['tokens'] / ev['calls']:.0f}" if ev["calls"] else "–"
         lines.append(
             f"| {m['method']} | {m['playbook_entries']} | {distinct} | {m['playbook_tokens']} | {_pct(m['accuracy'])} "
             f"| {_ci(m['ci95'])} | {_pct(second)} | {delta_text} | {m['no_answer']} | {' | '.join(learn_cols)} "
-            f"| {ev['wall_s']:.1f} | {ev['calls']} | {_tokens(ev['tokens'])} | {per_question} |"
+            f"| {_wall(ev)} | {ev['calls']} | {_tokens(ev['tokens'])} | {per_question} |"
         )
     if doc.get("pairs"):
         lines += ["", "Paired differences in accuracy (points; A − B, 95 % paired bootstrap interval):", ""]
@@ -246,7 +258,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         )
     if doc["cached_calls"]:
         lines.append(
-            f"{doc['cached_calls']} answers came from the response cache: their wall times are not model timings."
+            f"{doc['cached_calls']} answers came from the response cache: their wall times are not model timings "
+            "(a wall time marked 'replayed' or '(n of m cached)' measured the cache in whole or in part)."
         )
     earlier = doc.get("timed_in_earlier_runs") or {}
     if earlier:
@@ -296,8 +309,9 @@ def write_plot(doc: Mapping[str, Any], path: Path) -> Path:
     ax1.set_ylabel("test accuracy (%) with 95 % bootstrap interval")
     ax1.set_ylim(0, 100)
     ax1.grid(True, axis="y", alpha=0.3)
-    learn = [m["learn"]["wall_s"] if m["learn"] else 0.0 for m in rows]
-    evals = [m["eval"]["wall_s"] for m in rows]
+    # a phase answered in whole or in part from the response cache has no model timing: no bar
+    learn = [_model_wall(m["learn"]) if m["learn"] else 0.0 for m in rows]
+    evals = [_model_wall(m["eval"]) for m in rows]
     xs = range(len(rows))
     ax2.bar([x - 0.2 for x in xs], learn, width=0.4, label="learning", color="#1f77b4")
     ax2.bar([x + 0.2 for x in xs], evals, width=0.4, label="evaluation", color="#ff7f0e")

@@ -179,6 +179,13 @@ def test_the_cli_runs_end_to_end_against_the_simulator_and_a_rerun_comes_from_th
     assert bare["cached_calls"] == bare["traces"]["calls"] + sum(
         m["eval"]["calls"] + (m["learn"]["calls"] if m["learn"] else 0) for m in bare["methods"]
     )
+    # and its table says so instead of printing the cache's clock as a wall time
+    rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| sequential |")]
+    assert rows[0].count("| replayed |") == 2  # the accuracy table's row: learning and evaluation
+
+    # a phase answered partly from the cache: its wall time is shown with how much of it the cache answered
+    bare["methods"][1]["eval"] |= {"wall_s": 42.0, "cached_calls": 1}
+    assert "| 42.0 (1 of 3 cached) |" in markdown(bare)
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
