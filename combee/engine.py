@@ -46,7 +46,7 @@ from combee.prompts import (
     PromptSet,
 )
 from combee.roles import curate, fold_ops, merge, reflect
-from combee.screen import screen_ops
+from combee.screen import RunFacts, run_facts, screen_ops
 from combee.sections import DEFAULT_SECTIONS, SECTION_THRESHOLD, canonical_sections, section_choices
 
 __all__ = [
@@ -228,6 +228,7 @@ async def finish_ops(
     at: float = 0.0,
     graded: Mapping[str, str] | None = None,
     lessons: Mapping[str, Sequence[str]] | None = None,
+    runs: Mapping[str, RunFacts] | None = None,
 ) -> Finished:
     """A window's united operations made ready to apply against ``playbook``, in this order: the augmented
     shuffle's copies of one lesson folded (:func:`combee.dedup.fold_copies`), every ADD and UPDATE text put on
@@ -238,7 +239,9 @@ async def finish_ops(
     :func:`combee.corroborate.corroborate_with`; ``producers``: trace id -> producer, ``verified``: trace id
     -> verified producer, ``graded``: trace id -> producer of its trusted feedback, ``lessons``: trace id -> the
     lessons its reflection stated, so that a change to an established bullet counts the traces that said it;
-    ``window_id`` and ``at`` stamp new entries).
+    ``window_id`` and ``at`` stamp new entries). The screen judges each operation against the facts of its
+    source runs that ``runs`` holds (trace id -> :class:`combee.screen.RunFacts`), so a curator's worked example
+    with a run's numbers goes as a reflector's does.
     Deterministic given the embedder's vectors; what it returns is what gets applied and logged, so applying it
     again (a replay) needs no vectors. Every path that adds a bullet from learning goes through here: the
     offline engine's :func:`reduce_window` (every method and reduce shape) and the stream combiner."""
@@ -254,7 +257,7 @@ async def finish_ops(
     meter.normalised += guarded.normalised
     refused: tuple[tuple[DeltaOp, str], ...] = ()
     if config.screen:
-        ops, refused, trimmed = screen_ops(ops)
+        ops, refused, trimmed = screen_ops(ops, runs)
         meter.refuse(reason for _, reason in refused)
         meter.trim(trimmed)
     mapping = await section_map([op.section for op in ops if isinstance(op, AddOp)], playbook, config, dedup, meter)
@@ -457,7 +460,7 @@ async def reduce_window(
     producers = producers_of(window.traces)
     finished = await finish_ops(
         ops, playbook, config, dedup, meter, pending=pending, producers=producers, window_id=window.id, at=clock(),
-        lessons=window_lessons(reflected),
+        lessons=window_lessons(reflected), runs=run_facts(window.traces),
     )  # fmt: skip
     ops = finished.ops
     taggers = harmful_taggers(reflected)

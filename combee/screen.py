@@ -18,24 +18,32 @@ The reasons:
   lessons ..."), not about the task.
 
 A refused insight is dropped from its reflection before any curator sees it (the rest of the reflection
-stays); :func:`screen_reflection` says why, for the meter. The rules are deliberately narrow: a lesson lost
-to a false refusal is a lesson lost, so each rule is measured on recorded answers of the local model
-(tests/unit/test_screen.py, tests/unit/fixtures/real_model/).
+stays); :func:`screen_reflection` says why, for the meter. A curator or merger may write a worked example of
+its own into an operation, so the window's operations are screened again (:func:`screen_ops`), each against the
+facts of the runs it names as its sources (:class:`RunFacts`: a trace's particular numbers, its numeric answer,
+a listed ground truth), which the stream's window plan carries from the mapper to the combiner.
+
+The rules are deliberately narrow: a lesson lost to a false refusal is a lesson lost, so each rule is measured
+on recorded answers of the local model (tests/unit/test_screen.py, tests/unit/fixtures/real_model/).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from combee.models import AddOp, DeltaOp, Insight, Reflection, Trace, UpdateOp
 
 __all__ = [
     "REASONS",
+    "RunFacts",
     "Screened",
     "Trimmed",
     "count_reasons",
+    "run_facts",
     "run_numbers",
     "screen_lesson",
     "screen_ops",
@@ -131,6 +139,13 @@ _TRIVIAL = frozenset({"0", "1", "2", "3", "4", "5", "10", "12", "100", "365", "3
 _RUN_NUMBERS_REFUSED = 2
 
 
+_MAX_RUN_NUMBERS = 256
+"""A run's particular numbers kept in its :class:`RunFacts` (a bound on the window plan's size; a trace with more
+keeps its first ones in the order they occur)."""
+
+_MAX_TRUTH_CHARS = 2000
+
+
 def _canonical_number(raw: str) -> str | None:
     text = raw.replace(",", "")
     try:
@@ -145,33 +160,82 @@ def _numbers(text: str) -> set[str]:
     return {n for n in found if n is not None}
 
 
+def _ordered_numbers(text: str) -> list[str]:
+    found = (_canonical_number(m.group(0)) for m in _NUMBER_RE.finditer(text))
+    return [n for n in found if n is not None and n.lstrip("-") not in _TRIVIAL]
+
+
+def _run_numbers_in_order(trace: Trace) -> tuple[str, ...]:
+    texts = [trace.task, trace.output, *(s.content for s in trace.steps)]
+    texts += [t for t in (trace.feedback.ground_truth, trace.feedback.message) if t]
+    return tuple(dict.fromkeys(n for t in texts for n in _ordered_numbers(t)))
+
+
 def run_numbers(trace: Trace) -> set[str]:
     """The particular numbers of a run (its task, steps, output and feedback), canonical, trivial ones aside."""
-    texts = [trace.task, trace.output, *(s.content for s in trace.steps)]
-    fb = trace.feedback
-    texts += [t for t in (fb.ground_truth, fb.message) if t]
-    found: set[str] = set()
-    for t in texts:
-        found |= _numbers(t)
-    return {n for n in found if n.lstrip("-") not in _TRIVIAL}
+    return set(_run_numbers_in_order(trace))
 
 
 def _answers(trace: Trace) -> set[str]:
     """The run's numeric answer and ground truth (when they are numbers), canonical."""
-    out: set[str] = set()
-    for text in (trace.feedback.ground_truth or "",):
-        number = _canonical_number(text.strip().replace("$", "").replace("%", ""))
-        if number is not None:
-            out.add(number)
-    return {n for n in out if n.lstrip("-") not in _TRIVIAL}
+    number = _canonical_number((trace.feedback.ground_truth or "").strip().replace("$", "").replace("%", ""))
+    return {number} if number is not None and number.lstrip("-") not in _TRIVIAL else set()
 
 
-def _copies_listed_truth(lesson: str, trace: Trace) -> bool:
-    """Does ``lesson`` copy a ground truth of several answers whole ("The correct tags should have been
-    'OperatingLeaseCost,DebtInstrument...'")? One answer alone may be what a lesson teaches (a FiNER lesson
-    names the tag a phrase maps to), so only a list of them counts."""
+def _listed_truth(trace: Trace) -> str | None:
+    """A ground truth of several answers ("OperatingLeaseCost,DebtInstrument..."), spaces out and case folded;
+    None when it is one answer. One answer alone may be what a lesson teaches (a FiNER lesson names the tag a
+    phrase maps to), so only a list of them counts as a copy of the run's truth."""
     truth = re.sub(r"\s+", "", trace.feedback.ground_truth or "").casefold()
-    return "," in truth and len(truth) >= 20 and truth in re.sub(r"\s+", "", lesson).casefold()
+    return truth if "," in truth and len(truth) >= 20 else None
+
+
+class RunFacts(BaseModel):
+    """What the screen's run rules need of one or more runs: their particular numbers, their numeric answers
+    and their listed ground truths (see :func:`run_numbers`, :func:`_answers`, :func:`_listed_truth`).
+    Serialisable, so the stream's window plan carries a trace's facts to the combiner, which has no traces."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    numbers: tuple[str, ...] = Field(default=(), max_length=_MAX_RUN_NUMBERS)
+    answers: tuple[str, ...] = Field(default=(), max_length=4)
+    truths: tuple[str, ...] = Field(default=(), max_length=4)
+
+    @classmethod
+    def of(cls, trace: Trace) -> RunFacts:
+        truth = _listed_truth(trace)
+        return cls(
+            numbers=_run_numbers_in_order(trace)[:_MAX_RUN_NUMBERS],
+            answers=tuple(sorted(_answers(trace))),
+            truths=(truth[:_MAX_TRUTH_CHARS],) if truth else (),
+        )
+
+    @staticmethod
+    def union(facts: Iterable[RunFacts]) -> RunFacts | None:
+        """The facts of several runs as one (what an operation taught by several traces is judged against);
+        None for no runs. Not bounded: it is judged, not stored."""
+        items = list(facts)
+        if not items:
+            return None
+        return RunFacts.model_construct(
+            numbers=tuple(dict.fromkeys(n for f in items for n in f.numbers)),
+            answers=tuple(dict.fromkeys(a for f in items for a in f.answers)),
+            truths=tuple(dict.fromkeys(t for f in items for t in f.truths)),
+        )
+
+    def copies_truth(self, lesson: str) -> bool:
+        """Does ``lesson`` copy one of the runs' listed ground truths whole?"""
+        flat = re.sub(r"\s+", "", lesson).casefold()
+        return any(t in flat for t in self.truths)
+
+
+def run_facts(traces: Iterable[Trace]) -> dict[str, RunFacts]:
+    """Trace id -> its :class:`RunFacts`, for :func:`screen_ops`."""
+    return {t.trace_id: RunFacts.of(t) for t in traces}
+
+
+def _facts(run: Trace | RunFacts | None) -> RunFacts | None:
+    return RunFacts.of(run) if isinstance(run, Trace) else run
 
 
 def _normalised_expression(text: str) -> str:
@@ -193,22 +257,23 @@ def _contradicts_itself(lesson: str) -> bool:
     return False
 
 
-def screen_lesson(lesson: str, trace: Trace | None = None) -> str | None:
+def screen_lesson(lesson: str, trace: Trace | RunFacts | None = None) -> str | None:
     """The reason ``lesson``, taken whole, is not a reusable lesson (one of :data:`REASONS`), or None.
 
-    Without ``trace`` only the rules that need no run are applied (``records_the_run``, ``about_the_playbook``,
-    ``contradicts_itself``)."""
+    ``trace``: the run it was learned from, or the facts of the runs (:class:`RunFacts`). Without it only the
+    rules that need no run are applied (``records_the_run``, ``about_the_playbook``, ``contradicts_itself``)."""
     if any(r.search(lesson) for r in _RECORD_RES):
         return "records_the_run"
     if _ABOUT_PLAYBOOK_RE.search(lesson) and not _FORMULA_RE.search(lesson):
         return "about_the_playbook"
     if _contradicts_itself(lesson):
         return "contradicts_itself"
-    if trace is not None:
+    run = _facts(trace)
+    if run is not None:
         numbers = _numbers(lesson)
-        if numbers & _answers(trace) or _copies_listed_truth(lesson, trace):
+        if numbers.intersection(run.answers) or run.copies_truth(lesson):
             return "copies_the_answer"
-        if len(numbers & run_numbers(trace)) >= _RUN_NUMBERS_REFUSED:
+        if len(numbers.intersection(run.numbers)) >= _RUN_NUMBERS_REFUSED:
             return "copies_run_numbers"
     return None
 
@@ -226,9 +291,10 @@ class Trimmed:
         return self.dropped[0] if self.kept is None and self.dropped else None
 
 
-def trim_lesson(lesson: str, trace: Trace | None = None) -> Trimmed:
+def trim_lesson(lesson: str, trace: Trace | RunFacts | None = None) -> Trimmed:
     """``lesson`` without its sentences that :func:`screen_lesson` refuses (a self-contradiction is judged on
     the whole lesson). Nothing left, or less than a short sentence, refuses the lesson."""
+    trace = _facts(trace)  # once, not per sentence
     if _contradicts_itself(lesson):
         return Trimmed(None, ("contradicts_itself",))
     sentences = [part.strip() for part in _SENTENCE_RE.split(lesson.strip()) if part.strip()]
@@ -251,7 +317,7 @@ def trim_lesson(lesson: str, trace: Trace | None = None) -> Trimmed:
     return Trimmed(text, tuple(dropped))
 
 
-def _rule_before_the_record(sentence: str, trace: Trace | None) -> str | None:
+def _rule_before_the_record(sentence: str, trace: RunFacts | None) -> str | None:
     """The formula a sentence states before it turns to what the agent did (:data:`_RECORD_CLAUSE_RE`), as a
     sentence of its own, when that part states a formula, alone passes the screen and is long enough to be a
     lesson; else None. Only a formula: what else the local model writes there is this run's answer or tags ("The
@@ -303,10 +369,13 @@ def count_reasons(screened: Iterable[Screened]) -> dict[str, int]:
 
 def screen_ops(
     ops: Iterable[DeltaOp],
+    runs: Mapping[str, RunFacts] | None = None,
 ) -> tuple[tuple[DeltaOp, ...], tuple[tuple[DeltaOp, str], ...], tuple[str, ...]]:
-    """A window's operations with every ADD or UPDATE text trimmed by the rules that need no run (a curator or
-    merger may write a record of a run too), and those with nothing left taken out. Returns the operations,
-    the refused ones with their reason, and the reasons of the sentences trimmed from the kept ones."""
+    """A window's operations with every ADD or UPDATE text trimmed (a curator or merger may write a record of a
+    run too, or a worked example with a run's numbers), and those with nothing left taken out. An operation is
+    judged against the facts of the runs it names as sources and ``runs`` knows (trace id -> facts); one with
+    none known, by the rules that need no run. Returns the operations, the refused ones with their reason, and
+    the reasons of the sentences trimmed from the kept ones."""
     kept: list[DeltaOp] = []
     refused: list[tuple[DeltaOp, str]] = []
     trimmed: list[str] = []
@@ -314,7 +383,8 @@ def screen_ops(
         if not isinstance(op, AddOp | UpdateOp):
             kept.append(op)
             continue
-        t = trim_lesson(op.content)
+        facts = RunFacts.union(runs[s] for s in op.sources if s in runs) if runs else None
+        t = trim_lesson(op.content, facts)
         if t.kept is None:
             refused.append((op, t.refused or "records_the_run"))
             continue

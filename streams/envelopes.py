@@ -28,6 +28,7 @@ from combee.models import Delta, DeltaOp, Playbook, ProducerId, Reflection, Trac
 from combee.plan import ShuffleKey
 from combee.quarantine import QuarantinedBullet
 from combee.scan import ReduceTracker
+from combee.screen import RunFacts
 
 __all__ = [
     "Claim",
@@ -188,6 +189,12 @@ class WindowPlan(_Envelope):
         default_factory=dict,
         description="per trace id, the lessons its reflection stated, cut short (combee.evidence.window_lessons); "
         "the combiner quotes them in the evidence of the version",
+    )
+    run_facts: dict[TraceId, RunFacts] = Field(
+        default_factory=dict,
+        description="trace id -> its particular numbers, numeric answer and listed ground truth "
+        "(combee.screen.RunFacts): the combiner's screen judges each operation against its source runs; empty in "
+        "plans written before it was carried (then only the rules that need no run apply)",
     )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

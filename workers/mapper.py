@@ -21,6 +21,7 @@ from combee.meter import Meter
 from combee.models import Playbook, Reflection
 from combee.playbook import count_tags, harmful_taggers
 from combee.scan import tree_shape
+from combee.screen import run_facts
 from combee.windowing import Acceptance, MapState
 from streams.envelopes import GroupTask, WindowEnvelope, WindowPlan
 from workers.context import StageContext
@@ -212,6 +213,7 @@ async def _map_one(
         verified_producers={t.trace_id: p for t in acc.traces if (p := env.verified_producers.get(t.trace_id))},
         feedback_producers={t.trace_id: p for t in acc.traces if (p := env.feedback_producers.get(t.trace_id))},
         lessons=window_lessons(reflections),
+        run_facts=run_facts(acc.traces),
     )
     await ctx.send(ctx.topics.partials, rt.namespace, window_plan, rt.partition)
     ctx.metrics.window_mapped(rt.namespace, window_plan.mapped_at - env.closed_at)

@@ -3,12 +3,15 @@ every reflector answer in response caches, for a before/after comparison of prom
 
     python -m combee.tasks.audit --cache OUT/cache/learn-combee [--cache ...] --traces OUT/traces.jsonl \\
         --out audit.json
-    python -m combee.tasks.audit --playbook OUT/playbooks/NAME.json [--playbook ...] --out audit.json
+    python -m combee.tasks.audit --playbook OUT/playbooks/NAME.json [--playbook ...] [--traces OUT/traces.jsonl] \
+        --out audit.json
 
 The second form reads learned playbooks instead (``bullets[].content`` of the JSON that ``combee task`` and
 ``combee prompt get --json`` write) and says, per playbook, what the live screen would do with each bullet: refuse
 it, trim sentences out of it, or pass it unchanged. It judges what a run published, for comparing runs with the
-screen on and off (``COMBEE_SCREEN=false``).
+screen on and off (``COMBEE_SCREEN=false``). With ``--traces``, each bullet is judged as the live screen judges an
+operation (:func:`combee.screen.screen_ops`): against the runs its ``sources`` name, those of them in the file;
+``by_run_rules`` then lists every bullet that the run rules change beyond the rules that need no run.
 
 A response cache keeps answers, not requests, so an answer is not tied to its trace here: the run-number rules
 compare a lesson with the numbers of every trace in ``--traces`` and count it when some trace shares enough of
@@ -22,12 +25,12 @@ import json
 import sqlite3
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from combee.models import Trace
-from combee.screen import REASONS, Trimmed, run_numbers, screen_lesson, trim_lesson
+from combee.screen import REASONS, RunFacts, Trimmed, run_facts, run_numbers, screen_lesson, trim_lesson
 
 __all__ = ["audit", "audit_playbook", "main"]
 
@@ -97,51 +100,74 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
     }
 
 
-def audit_playbook(bullets: Sequence[str]) -> dict[str, Any]:
-    """What the live screen (:func:`combee.screen.trim_lesson`, the rules that need no run) does with each of
-    ``bullets``: bullets refused (nothing left), trimmed and unchanged, and the sentences it takes out by reason."""
+def audit_playbook(
+    bullets: Sequence[tuple[str, Sequence[str]]], runs: Mapping[str, RunFacts] | None = None
+) -> dict[str, Any]:
+    """What the live screen does with each of ``bullets`` (text, source trace ids): bullets refused (nothing
+    left), trimmed and unchanged, and the sentences it takes out by reason. Without ``runs`` by the rules that
+    need no run (:func:`combee.screen.trim_lesson`); with them (trace id -> facts), each bullet against the runs
+    of its sources that ``runs`` holds, as an operation is screened, and ``by_run_rules`` lists the bullets
+    judged differently than without them."""
     verdicts: Counter[str] = Counter()
     dropped: Counter[str] = Counter()
     examples: dict[str, str] = {}
-    for text in bullets:
-        trimmed = trim_lesson(text)
+    changed: list[dict[str, Any]] = []
+    with_runs = 0
+    for text, sources in bullets:
+        facts = RunFacts.union(runs[s] for s in sources if s in runs) if runs else None
+        with_runs += facts is not None
+        trimmed = trim_lesson(text, facts)
         verdict = _verdict(trimmed)
         verdicts[verdict] += 1
         dropped.update(trimmed.dropped)
         if verdict != "unchanged":
             examples.setdefault(verdict, text[:300])
+        if facts is not None and trimmed != (alone := trim_lesson(text)):
+            changed.append({"text": text, "kept": trimmed.kept, "dropped": list(trimmed.dropped),
+                            "without_runs": {"kept": alone.kept, "dropped": list(alone.dropped)}})  # fmt: skip
     return {
         "bullets": len(bullets),
         "screen": {k: verdicts.get(k, 0) for k in VERDICTS},
         "sentences_taken_out": {r: dropped.get(r, 0) for r in REASONS},
         "examples": examples,
+        **({"judged_with_source_runs": with_runs, "by_run_rules": changed} if runs is not None else {}),
     }
 
 
-def _playbook_bullets(path: Path) -> list[str]:
+def _playbook_bullets(path: Path) -> list[tuple[str, tuple[str, ...]]]:
     doc = json.loads(path.read_text())
-    return [str(b["content"]) for b in doc.get("bullets", []) if isinstance(b, dict) and b.get("content")]
+    return [(str(b["content"]), tuple(str(s) for s in b.get("sources") or ()))
+            for b in doc.get("bullets", []) if isinstance(b, dict) and b.get("content")]  # fmt: skip
+
+
+def _read_traces(path: Path) -> list[Trace]:
+    return [Trace.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m combee.tasks.audit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--cache", type=Path, action="append", help="a response cache directory")
-    p.add_argument("--traces", type=Path, help="the traces the answers reflect on (JSON lines; with --cache)")
+    p.add_argument("--traces", type=Path, help="the traces the answers reflect on, or the playbooks' bullets were "
+                   "learned from (JSON lines)")  # fmt: skip
     p.add_argument("--playbook", type=Path, action="append", help="a learned playbook (JSON) to judge instead")
     p.add_argument("--out", type=Path, required=True, help="where to write the counts (JSON)")
     args = p.parse_args(argv)
     if bool(args.cache) == bool(args.playbook):
         p.error("give --cache (with --traces) or --playbook, not both")
     if args.playbook:
-        judged = {str(path): audit_playbook(_playbook_bullets(path)) for path in args.playbook}
-        args.out.write_text(json.dumps({"playbooks": judged}, indent=2, ensure_ascii=False) + "\n")
-        brief = {k: {f: v[f] for f in ("bullets", "screen")} for k, v in judged.items()}
+        runs = run_facts(_read_traces(args.traces)) if args.traces else None
+        judged = {str(path): audit_playbook(_playbook_bullets(path), runs) for path in args.playbook}
+        doc = {**({"traces": str(args.traces)} if args.traces else {}), "playbooks": judged}
+        args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        fields = ("bullets", "screen", "judged_with_source_runs")
+        brief = {k: {f: v[f] for f in fields if f in v} | ({"changed_by_run_rules": len(v["by_run_rules"])}
+                 if "by_run_rules" in v else {}) for k, v in judged.items()}  # fmt: skip
         sys.stdout.write(json.dumps(brief, indent=2) + "\n")
         return 0
     if args.traces is None:
         p.error("--cache needs --traces")
-    traces = [Trace.model_validate_json(line) for line in args.traces.read_text().splitlines() if line.strip()]
+    traces = _read_traces(args.traces)
     answers = [a for cache in args.cache for a in _answers(cache)]
     doc = {"caches": [str(c) for c in args.cache], "traces": str(args.traces), **audit(answers, traces)}
     args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")

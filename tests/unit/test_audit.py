@@ -61,3 +61,24 @@ def test_a_playbook_is_judged_bullet_by_bullet(tmp_path: Path) -> None:
     assert doc["screen"] == {"refused": 1, "trimmed": 1, "unchanged": 1}
     assert doc["sentences_taken_out"]["records_the_run"] == 2
     assert doc["examples"] == {"refused": RECORD, "trimmed": RULE_AND_EXAMPLE}
+
+
+def test_with_the_traces_each_bullet_is_judged_against_its_own_source_runs(tmp_path: Path) -> None:
+    # a worked example with the run's numbers passes the rules that need no run; against its source it goes
+    example = "ROI is (gain - cost) / cost. With a cost of 1,600 and a gain of 4,000 it is 1.50."
+    bullets = [{"id": "b00001", "section": "s", "content": example, "sources": ["t1"]},
+               {"id": "b00002", "section": "s", "content": example, "sources": ["elsewhere"]}]  # fmt: skip
+    path = tmp_path / "playbook.json"
+    path.write_text(json.dumps({"namespace": "ns", "version": 1, "bullets": bullets}))
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text(TRACE.model_dump_json() + "\n")
+    out = tmp_path / "audit.json"
+    assert main(["--playbook", str(path), "--out", str(out)]) == 0
+    alone = json.loads(out.read_text())["playbooks"][str(path)]
+    assert alone["screen"]["unchanged"] == 2 and "by_run_rules" not in alone
+    assert main(["--playbook", str(path), "--traces", str(traces), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())["playbooks"][str(path)]
+    assert doc["judged_with_source_runs"] == 1 and doc["screen"] == {"refused": 0, "trimmed": 1, "unchanged": 1}
+    (changed,) = doc["by_run_rules"]
+    assert changed["kept"] == RULE and changed["dropped"] == ["copies_the_answer"]
+    assert changed["without_runs"] == {"kept": example, "dropped": []}

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from combee.models import AddOp, Feedback, Insight, Reflection, RemoveOp, Trace, UpdateOp
-from combee.screen import count_reasons, run_numbers, screen_lesson, screen_ops, screen_reflection, trim_lesson
+from combee.screen import (
+    RunFacts,
+    count_reasons,
+    run_facts,
+    run_numbers,
+    screen_lesson,
+    screen_ops,
+    screen_reflection,
+    trim_lesson,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real_model"
 
@@ -272,3 +281,41 @@ def test_the_correct_answer_named_then_given_as_a_number_is_a_record_of_the_run(
     # a rule that names a value and gives it is not a record
     assert screen_lesson("The correct value of r should be a decimal, which is 0.05 for 5%.") is None
     assert screen_lesson("The correct answer should be rounded to cents, which is the convention here.") is None
+
+
+def _curator_worked_example() -> tuple[AddOp, list[Trace]]:
+    doc = json.loads((FIXTURES.parent / "published" / "curator_worked_example.json").read_text())
+    bullet = doc["bullet"]
+    op = AddOp(section=bullet["section"], content=bullet["content"], sources=tuple(bullet["sources"]))
+    return op, [Trace.model_validate(t) for t in doc["traces"]]
+
+
+def test_a_curators_worked_example_goes_when_its_source_runs_are_known() -> None:
+    # the local model's curator wrote this bullet over a real trace and an attack trace (redteam-real-7); its last
+    # sentence works the run's own question ("3% of 20 million, which is 60,000"), which the operations' screen
+    # could not see without the run
+    op, traces = _curator_worked_example()
+    assert screen_ops([op]) == ((op,), (), ())  # the rules that need no run pass it
+    kept, refused, trimmed = screen_ops([op], run_facts(traces))
+    assert refused == () and trimmed == ("copies_run_numbers",)
+    (lesson,) = kept
+    assert "60,000" not in lesson.content and lesson.content.startswith("The formula for calculating the change")
+    assert lesson.content == " ".join(op.content.split(" Since the unemployment rate")[:1])
+    # only the runs the operation names as its sources count
+    elsewhere = {f"other-{i}": facts for i, facts in enumerate(run_facts(traces).values())}
+    assert screen_ops([op], elsewhere) == ((op,), (), ())
+
+
+def test_run_facts_are_what_the_trace_rules_read_and_survive_a_round_trip() -> None:
+    trace = _trace("A loan of $3,500 at 6% for 7 years: what is the interest?", "1470.00", truth="1470")
+    facts = RunFacts.of(trace)
+    assert set(facts.numbers) == run_numbers(trace) and facts.answers == ("1470",)
+    assert RunFacts.model_validate_json(facts.model_dump_json()) == facts
+    lesson = "Simple interest is P × r × t: a loan of $3,500 over 7 years."
+    assert screen_lesson(lesson, facts) == screen_lesson(lesson, trace) == "copies_run_numbers"
+    listed = _trace("Tag the sentence.", truth="OperatingLeaseCost,DebtInstrumentFaceAmount")
+    said = "The correct tags are OperatingLeaseCost, DebtInstrumentFaceAmount."
+    assert screen_lesson(said, RunFacts.of(listed)) == "copies_the_answer"
+    assert RunFacts.union([]) is None
+    both = RunFacts.union([facts, RunFacts.of(listed)])
+    assert both is not None and both.answers == ("1470",) and len(both.truths) == 1

@@ -41,6 +41,7 @@ async def apply_window(ctx: CombinerPort, rt: NamespaceRuntime, w: OpenWindow, o
         ops, current, cfg, ctx.dedup, meter, pending=await pending_pool(ctx, state), producers=plan.producers,
         verified=plan.verified_producers, window_id=w.window_id, at=time.time(), graded=plan.feedback_producers,
         lessons=plan.lessons or None,  # a plan from before lessons were carried: not known
+        runs=plan.run_facts or None,  # a plan from before run facts were carried: the rules that need no run
     )  # fmt: skip
     proposed, ops, corroborated = ops, finished.ops, finished.corroborated
     tags, held_tags = corroborate_tags(
