@@ -1,5 +1,8 @@
 """The finance harness's report: ``results.json`` document, Markdown table and plot (pure but for the PNG).
 
+``python -m combee.tasks.report DIR`` writes ``DIR/results.md`` and ``DIR/accuracy.png`` again from
+``DIR/results.json`` with this module's code (after a change to how they are rendered; no figure changes).
+
 Accuracy intervals are percentile bootstrap intervals over test questions: ``resamples`` draws (default
 2,000) of n question indices with replacement, from a RNG seeded by the run's seed. The *same* draws are used
 for every playbook, so the interval of a difference to the empty playbook (``delta_vs_none``) is paired.
@@ -7,8 +10,10 @@ for every playbook, so the interval of a difference to the empty playbook (``del
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -245,7 +250,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
     tr = doc["traces"]
     lines += [
         "",
-        f"Trace collection: {tr['calls']} generator calls, {tr['wall_s']:.1f} s, {_tokens(tr['tokens'])} tokens; "
+        f"Trace collection: {tr['calls']} generator calls, {_wall(tr)}{'' if tr['cached_calls'] else ' s'}, "
+        f"{_tokens(tr['tokens'])} tokens; "
         f"{_pct(tr['success_rate'])} % of training answers were right (the traces' success flag).",
     ]
     ratio = doc.get("combee_vs_sequential_learning") or {}
@@ -304,7 +310,8 @@ def write_plot(doc: Mapping[str, Any], path: Path) -> Path:
     acc = [100 * (m["accuracy"] or 0.0) for m in rows]
     lo = [a - 100 * (m["ci95"][0] if m["ci95"][0] is not None else 0.0) for a, m in zip(acc, rows, strict=True)]
     hi = [100 * (m["ci95"][1] if m["ci95"][1] is not None else 0.0) - a for a, m in zip(acc, rows, strict=True)]
-    ticks = [f"{m['method']}\n{m['playbook_entries']} entries" for m in rows]
+    labels = ["\n".join(n.split(":")) for n in names]  # combee:section-union:p1 on three lines, not over its neighbour
+    ticks = [f"{label}\n{m['playbook_entries']} entries" for label, m in zip(labels, rows, strict=True)]
     ax1.bar(ticks, acc, color=colors, yerr=[lo, hi], capsize=5)
     ax1.set_ylabel("test accuracy (%) with 95 % bootstrap interval")
     ax1.set_ylim(0, 100)
@@ -315,8 +322,10 @@ def write_plot(doc: Mapping[str, Any], path: Path) -> Path:
     xs = range(len(rows))
     ax2.bar([x - 0.2 for x in xs], learn, width=0.4, label="learning", color="#1f77b4")
     ax2.bar([x + 0.2 for x in xs], evals, width=0.4, label="evaluation", color="#ff7f0e")
-    ax2.set_xticks(list(xs), names)
+    ax2.set_xticks(list(xs), labels)
     ax2.set_ylabel("wall time (s)")
+    if any(m["eval"]["cached_calls"] or (m["learn"] and m["learn"]["cached_calls"]) for m in rows):
+        ax2.set_title("no bar: answered in whole or in part from the response cache (no model timing)", fontsize=8)
     ax2.grid(True, axis="y", alpha=0.3)
     ax2.legend(fontsize=8)
     label = "SIMULATED model" if doc["simulated"] else f"model {doc['model']}"
@@ -329,3 +338,29 @@ def write_plot(doc: Mapping[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.stderr.write("usage: python -m combee.tasks.report DIR  (DIR holds the results.json of combee task)\n")
+        return 2
+    out = Path(args[0])
+    try:
+        doc = json.loads((out / "results.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        sys.stderr.write(f"combee.tasks.report: cannot read {out / 'results.json'}: {exc}\n")
+        return 1
+    (out / "results.md").write_text(markdown(doc))
+    try:
+        write_plot(doc, out / "accuracy.png")
+    except ImportError:
+        sys.stderr.write(
+            "combee.tasks.report: matplotlib is not installed (pip install -e '.[bench]'): no accuracy.png\n"
+        )
+    sys.stdout.write(f"wrote {out / 'results.md'}, {out / 'accuracy.png'}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

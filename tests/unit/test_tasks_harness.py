@@ -18,6 +18,7 @@ from combee.learner import LearnConfig
 from combee.llm import LLM, ChatRequest, ChatResponse, Role
 from combee.tasks.data import Question, default_data_dir
 from combee.tasks.report import document, markdown, write_plot
+from combee.tasks.report import main as report_main
 from combee.tasks.run import (
     BASELINE,
     HarnessConfig,
@@ -182,10 +183,19 @@ def test_the_cli_runs_end_to_end_against_the_simulator_and_a_rerun_comes_from_th
     # and its table says so instead of printing the cache's clock as a wall time
     rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| sequential |")]
     assert rows[0].count("| replayed |") == 2  # the accuracy table's row: learning and evaluation
+    assert "Trace collection: 3 generator calls, replayed, " in (out / "results.md").read_text()
 
     # a phase answered partly from the cache: its wall time is shown with how much of it the cache answered
     bare["methods"][1]["eval"] |= {"wall_s": 42.0, "cached_calls": 1}
     assert "| 42.0 (1 of 3 cached) |" in markdown(bare)
+
+    # results.md and the plot rendered again from results.json alone
+    (out / "results.json").write_text(json.dumps(bare))
+    (out / "results.md").unlink()
+    (out / "accuracy.png").unlink()
+    assert report_main([str(out)]) == 0
+    assert (out / "results.md").read_text() == markdown(bare) and (out / "accuracy.png").exists()
+    assert report_main([str(tmp_path / "nowhere")]) == 1 and report_main([]) == 2
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
