@@ -113,7 +113,8 @@ _MIN_KEPT_CHARS = 24
 
 _ABOUT_PLAYBOOK_RE = re.compile(
     r"\b(the|this) playbook (does not|doesn't|did not|has no|had no|is empty|contains no|lacks|should (have )?"
-    r"(include|contain|add|provided?|given|stated?))\b|\blessons learned from (earlier|previous|past) runs\b"
+    r"(include[ds]?|contain(s|ed)?|add(s|ed)?|provided?|given|stated?))\b"
+    r"|\blessons learned from (earlier|previous|past) runs\b"
     # what the playbook says or lacks: "The playbook requires the answer to be ...", "The playbook already
     # provided the correct strategy ..., which is helpful", "the playbook only provides a formula"
     r"|\b(the|this) playbook (states|stated|says|said|requires|required|already|only|provides|provided|gives|gave)\b"

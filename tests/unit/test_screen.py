@@ -136,6 +136,10 @@ def test_pointing_at_what_the_playbook_provides_is_no_lesson() -> None:
         "The answer format provided in the playbook should be used to identify the entities in the sentences."
     )
     assert trim_lesson(said).dropped and "provided in the playbook" not in (trim_lesson(said).kept or "")
+    # what the playbook should have held, in the past tense (the local model's reflector on FiNER, finer-accuracy and
+    # finer-learn-time caches; a bullet of finer-learn-time/playbooks/combee.json)
+    said = "The playbook should have included the tags for the entities mentioned in the sentences."
+    assert screen_lesson(said) == "about_the_playbook"
     # a formula is a lesson wherever it says it was found
     assert screen_lesson("Use the formula given in the playbook: ROI = (Gain - Cost) / Cost.") is None
 
