@@ -30,7 +30,7 @@ on recorded answers of the local model (tests/unit/test_screen.py, tests/unit/fi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -156,20 +156,27 @@ def _canonical_number(raw: str) -> str | None:
     return f"{value:.6g}"
 
 
+def _canonical_numbers(text: str) -> Iterator[str]:
+    """The numbers of ``text`` in the order they occur, canonical."""
+    for m in _NUMBER_RE.finditer(text):
+        number = _canonical_number(m.group(0))
+        if number is not None:
+            yield number
+
+
 def _numbers(text: str) -> set[str]:
-    found = (_canonical_number(m.group(0)) for m in _NUMBER_RE.finditer(text))
-    return {n for n in found if n is not None}
+    return set(_canonical_numbers(text))
 
 
-def _ordered_numbers(text: str) -> list[str]:
-    found = (_canonical_number(m.group(0)) for m in _NUMBER_RE.finditer(text))
-    return [n for n in found if n is not None and n.lstrip("-") not in _TRIVIAL]
+def _particular(number: str) -> bool:
+    """A canonical number that can say something about one run (not one of :data:`_TRIVIAL`)."""
+    return number.lstrip("-") not in _TRIVIAL
 
 
 def _run_numbers_in_order(trace: Trace) -> tuple[str, ...]:
     texts = [trace.task, trace.output, *(s.content for s in trace.steps)]
     texts += [t for t in (trace.feedback.ground_truth, trace.feedback.message) if t]
-    return tuple(dict.fromkeys(n for t in texts for n in _ordered_numbers(t)))
+    return tuple(dict.fromkeys(n for t in texts for n in _canonical_numbers(t) if _particular(n)))
 
 
 def run_numbers(trace: Trace) -> set[str]:
@@ -180,7 +187,7 @@ def run_numbers(trace: Trace) -> set[str]:
 def _answers(trace: Trace) -> set[str]:
     """The run's numeric answer and ground truth (when they are numbers), canonical."""
     number = _canonical_number((trace.feedback.ground_truth or "").strip().replace("$", "").replace("%", ""))
-    return {number} if number is not None and number.lstrip("-") not in _TRIVIAL else set()
+    return {number} if number is not None and _particular(number) else set()
 
 
 def _listed_truth(trace: Trace) -> str | None:
@@ -347,8 +354,9 @@ def screen_reflection(reflection: Reflection, trace: Trace | None) -> Screened:
     kept: list[Insight] = []
     refused: list[tuple[Insight, str]] = []
     trimmed: list[str] = []
+    facts = _facts(trace)  # once for every insight
     for insight in reflection.insights:
-        t = trim_lesson(insight.content, trace)
+        t = trim_lesson(insight.content, facts)
         if t.kept is None:
             refused.append((insight, t.refused or "records_the_run"))
             continue

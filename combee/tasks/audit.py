@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from combee.models import Trace
-from combee.screen import REASONS, RunFacts, Trimmed, run_facts, run_numbers, screen_lesson, trim_lesson
+from combee.screen import REASONS, RunFacts, Trimmed, run_facts, screen_lesson, trim_lesson
 
 __all__ = ["audit", "audit_playbook", "main"]
 
@@ -70,6 +70,7 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
     by_sentence: Counter[str] = Counter()
     lessons = reflector = 0
     examples: dict[str, str] = {}
+    runs = [f for f in (RunFacts.of(t) for t in traces) if f.numbers]  # once, not per lesson
     for text in answers:
         found = _lessons(text)
         if found is None:
@@ -80,11 +81,10 @@ def audit(answers: Sequence[str], traces: Sequence[Trace]) -> dict[str, Any]:
             trimmed = trim_lesson(lesson)
             by_sentence[_verdict(trimmed)] += 1
             reason = screen_lesson(lesson)
-            for trace in traces:
+            for facts in runs:
                 if reason is not None:
                     break
-                if run_numbers(trace):
-                    reason = screen_lesson(lesson, trace)
+                reason = screen_lesson(lesson, facts)
             if reason is not None:
                 reasons[reason] += 1
                 examples.setdefault(reason, lesson[:300])
